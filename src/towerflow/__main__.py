@@ -1,0 +1,5 @@
+import sys
+
+from towerflow.cli import main
+
+sys.exit(main())

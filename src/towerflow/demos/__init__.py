@@ -1,0 +1,1 @@
+"""Demos shipped with the package, so `towerflow demo` works without the repository."""
