@@ -9,12 +9,31 @@ from towerflow.devices import (
     is_gpu_available,
     list_devices,
 )
-from towerflow.errors import ConfigError, DeviceSpecError, PlacementError, TowerflowError
+from towerflow.errors import ConfigError, DataError, DeviceSpecError, PlacementError, StrategyError, TowerflowError
 from towerflow.placement import OpInfo, PlacementLog, PlacementRecord, device, placement_log
+from towerflow.strategies import (
+    MirroredStrategy,
+    MultiWorkerMirroredStrategy,
+    OneDeviceStrategy,
+    Strategy,
+    strategy_from_env,
+)
+from towerflow.training import Progress, evaluate, set_seed, train_step
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "train_step",
+    "strategy_from_env",
+    "set_seed",
+    "evaluate",
+    "StrategyError",
+    "Strategy",
+    "Progress",
+    "OneDeviceStrategy",
+    "MultiWorkerMirroredStrategy",
+    "MirroredStrategy",
+    "DataError",
     "Config",
     "ConfigError",
     "DeviceSpec",

@@ -41,6 +41,14 @@ class PlacementError(TowerflowError, RuntimeError):
         return (type(self), (str(self), self.op, self.requested, self.available))
 
 
+class StrategyError(TowerflowError, RuntimeError):
+    """Raised when a training strategy cannot be built from its arguments or the task's environment."""
+
+
+class DataError(TowerflowError, ValueError):
+    """Raised when a dataset path, file format or sharding request is invalid."""
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """A ' Did you mean ...?' suffix for an unknown name, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)

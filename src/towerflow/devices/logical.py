@@ -87,6 +87,7 @@ class DeviceTable:
     def __init__(self, devices: List[LogicalDevice]):
         self.devices = devices
         self._by_key: Dict[Tuple[str, int], LogicalDevice] = {(d.device_type, d.index): d for d in devices}
+        self.has_split = any(d.is_split for d in devices)
         self._first_on_physical: Dict[torch.device, LogicalDevice] = {}
         for d in devices:
             self._first_on_physical.setdefault(d.torch_device, d)
@@ -144,6 +145,9 @@ _in_use = False  # set once a split device has been placed on; TF then refuses t
 
 def table() -> DeviceTable:
     global _table
+    found = _table
+    if found is not None:
+        return found
     with _lock:
         if _table is None:
             _table = DeviceTable(_split(_physical.discover(), _config.current().logical_devices or {}))

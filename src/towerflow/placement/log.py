@@ -120,10 +120,14 @@ class _Recorder:
             elif src.type != "cpu" and dst.type == "cpu":
                 self._d2h += nbytes
 
-    def add(self, record: PlacementRecord, emit_line: bool) -> None:
+    def count_op(self, device: str, fell_back: bool) -> None:
         with self._lock:
-            self._ops[record.device] += 1
-            self._fallbacks += record.fallback is not None
+            self._ops[device] += 1
+            self._fallbacks += fell_back
+
+    def add(self, record: PlacementRecord, emit_line: bool) -> None:
+        self.count_op(record.device, record.fallback is not None)
+        with self._lock:
             self._records.append(record)
         if emit_line:
             _ensure_visible()

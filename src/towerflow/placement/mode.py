@@ -25,6 +25,9 @@ from torch.overrides import _pop_mode, _push_mode
 from torch._C import _len_torch_function_stack
 from towerflow.placement import scope as _scope
 
+_frames = _scope.state
+_generation = _scope._generation
+
 TAG = "_towerflow_logical_index"  # set on tensors that live on one of several logical devices of a physical one
 
 # How each torch function is treated; filled lazily by _kind().
@@ -40,7 +43,10 @@ _PASSTHROUGH_NAMES = frozenset(
 _CONST_NAMES = frozenset(("tensor", "as_tensor", "asarray", "scalar_tensor"))
 _TYPE_NAMES = {"matmul": "MatMul", "mm": "MatMul", "bmm": "BatchMatMul", "addmm": "AddMatMul"}
 _MISSING_KERNEL = re.compile(r"not implemented for|Could not run|no kernel|not supported (on|for)|unsupported device")
+_WRONG_DEVICE = re.compile(r"same device|on different devices|to be on the same")
 _kinds: Dict[Callable, Tuple[int, str, str]] = {}
+_kind_of: Dict[Callable, int] = {}  # the treatment alone, for the hot path
+_Tensor = torch.Tensor
 
 
 def _kind(func: Callable) -> Tuple[int, str, str]:
@@ -71,6 +77,7 @@ def _kind(func: Callable) -> Tuple[int, str, str]:
         op_type = _TYPE_NAMES.get(base) or "".join(p[:1].upper() + p[1:] for p in base.split("_") if p)
         base_name = base
     found = _kinds[func] = (kind, base_name, op_type)
+    _kind_of[func] = kind
     return found
 
 
@@ -98,6 +105,15 @@ def _tag(out: Any, index: int) -> None:
         for o in out:
             if isinstance(o, torch.Tensor):
                 setattr(o, TAG, index)
+
+
+def _inherit_tag(args: tuple, out: Any) -> None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            index = getattr(a, TAG, None)
+            if index is not None:
+                _tag(out, index)
+            return
 
 
 def _device_name(t: torch.Tensor) -> str:
@@ -183,28 +199,44 @@ class PlacementMode(TorchFunctionMode):
     """One per thread; see the module docstring."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        kind, base, op_type = _kinds.get(func) or _kind(func)
+        kind = _kind_of.get(func)
+        if kind is None:
+            kind = _kind(func)[0]
         if kind == PASSTHROUGH:
-            return func(*args, **kwargs)
-        frame = _scope.top()
-        logging_on = _state.logging
-        if frame is None:  # only logging
-            out = func(*args, **kwargs)
-            if logging_on:
-                t = _first_tensor(out)
-                if t is not None:
-                    self._record(base, op_type, _device_name(t), args, kwargs, 0, None, None)
-            return out
+            return func(*args, **(kwargs or {}))
+        frames = _frames.frames
+        frame = frames[-1] if frames else _scope._default_frame
+        if frame is not None and frame._generation == _generation[0]:
+            dev = frame.fast_device  # set for a resolved static frame, unsplit device, log off
+            if dev is not None and kind == COMPUTE and args:
+                # The hot path: the first input is already on the device. PyTorch itself refuses
+                # inputs on other devices (CPU scalars aside), and then the full path moves them.
+                a = args[0]
+                if isinstance(a, _Tensor) and (a.is_cpu if frame.fast_is_cpu else a.device == dev):
+                    try:
+                        return func(*args, **kwargs) if kwargs else func(*args)
+                    except (RuntimeError, NotImplementedError) as e:
+                        if not _WRONG_DEVICE.search(str(e)):
+                            return self._fall_back(e, func, args, kwargs or {}, frame._target, _kinds[func][1])[0]
+        return self._slow(func, kind, frame, args, kwargs or {})
+
+    def _slow(self, func, kind, frame, args, kwargs):
+        _, base, op_type = _kinds[func]
+        if frame is None:  # no scope, only the log: run where the inputs are
+            return self._observe(func, args, kwargs, base, op_type)
         target = frame.target(_scope.OpInfo(base, op_type))
+        return self._place(func, kind, base, op_type, args, kwargs, target)
+
+    def _place(self, func, kind, base, op_type, args, kwargs, target):
         moved = 0
+        original = (args, kwargs)  # a CPU fallback starts from these, not from copies already made
         if kind == FACTORY:
             if kwargs.get("device") is None:
-                kwargs["device"] = target.torch_device
+                kwargs = {**kwargs, "device": target.torch_device}
             else:
                 target = None  # an explicit device wins over the scope
         elif kind == INPLACE or "out" in kwargs:
-            mutated = kwargs.get("out") if "out" in kwargs else args[0]
+            mutated = kwargs["out"] if "out" in kwargs else _first_tensor((*args, *kwargs.values()))
             if isinstance(mutated, torch.Tensor) and mutated.device != target.torch_device:
                 local = _logical.table().for_torch_device(mutated.device)
                 target = _scope.Target(local) if local is not None else None
@@ -212,10 +244,14 @@ class PlacementMode(TorchFunctionMode):
                 args, kwargs, moved = _migrate(args, kwargs, target)
         else:
             args, kwargs, moved = _migrate(args, kwargs, target)
-        out, fallback = self._run(func, args, kwargs, target, base)
+        fallback = None
+        try:
+            out = func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError) as e:
+            out, fallback = self._fall_back(e, func, *original, target, base)
         if target is not None and target.is_split and fallback is None:
             _tag(out, target.index)
-        if logging_on:
+        if _state.logging:
             t = _first_tensor(out)
             if t is not None:
                 requested = target.requested if target is not None else None
@@ -225,40 +261,49 @@ class PlacementMode(TorchFunctionMode):
                 self._record(base, op_type, _device_name(t), args, kwargs, moved, reason, requested)
         return out
 
+    def _observe(self, func, args, kwargs, base, op_type):
+        out = func(*args, **kwargs)
+        if _logical.table().has_split:  # outputs stay on their inputs' logical device
+            _inherit_tag(args, out)
+        if _state.logging:
+            t = _first_tensor(out)
+            if t is not None:
+                self._record(base, op_type, _device_name(t), args, kwargs, 0, None, None)
+        return out
+
     @staticmethod
-    def _run(func, args, kwargs, target, base):
-        try:
-            return func(*args, **kwargs), None
-        except (RuntimeError, NotImplementedError) as e:
-            if target is None or target.torch_device.type == "cpu" or not _MISSING_KERNEL.search(str(e)):
-                raise
-            wanted = target.device.short_name
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if not _config.current().allow_soft_placement:
-                raise PlacementError(
-                    f"op {base!r} has no kernel on {wanted} for these inputs ({first_line}). Run it on another "
-                    "device, or let towerflow fall back to the CPU with towerflow.configure(allow_soft_placement=True).",
-                    op=base,
-                    requested=wanted,
-                    available=_logical.table().names(),
-                ) from e
-            cpu = _cpu_target()
-            if "device" in kwargs:
-                kwargs = {**kwargs, "device": cpu.torch_device}
-            args, kwargs, _ = _migrate(args, kwargs, cpu)
-            return func(*args, **kwargs), f"no kernel on {wanted}: {first_line}"
+    def _fall_back(error, func, args, kwargs, target, base):
+        """Re-run on the CPU when the device has no kernel (soft placement), else explain."""
+        missing = isinstance(error, NotImplementedError) or _MISSING_KERNEL.search(str(error))
+        if target is None or target.torch_device.type == "cpu" or not missing:
+            raise error
+        wanted = target.device.short_name
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if not _config.current().allow_soft_placement:
+            raise PlacementError(
+                f"op {base!r} has no kernel on {wanted} for these inputs ({first_line}). Run it on another "
+                "device, or let towerflow fall back to the CPU with towerflow.configure(allow_soft_placement=True).",
+                op=base,
+                requested=wanted,
+                available=_logical.table().names(),
+            ) from error
+        cpu = _cpu_target()
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": cpu.torch_device}
+        args, kwargs, _ = _migrate(args, kwargs, cpu)
+        return func(*args, **kwargs), f"no kernel on {wanted}: {first_line}"
 
     @staticmethod
     def _record(base, op_type, device, args, kwargs, moved, fallback, requested):
         filt = _state.filter
         module = _modules.current_module()
-        if filt:
-            if "op" in filt and not (filt["op"].search(base) or filt["op"].search(op_type)):
-                return
-            if "device" in filt and not filt["device"].search(device):
-                return
-            if "module" in filt and not (module and filt["module"].search(module)):
-                return
+        if filt and not (
+            ("op" not in filt or filt["op"].search(base) or filt["op"].search(op_type))
+            and ("device" not in filt or filt["device"].search(device))
+            and ("module" not in filt or (module and filt["module"].search(module)))
+        ):
+            _log.recorder.count_op(device, fallback is not None)  # the summary still sees every op
+            return
         record = _log.PlacementRecord(
             _log.recorder.unique_name(base),
             op_type,

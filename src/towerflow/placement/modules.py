@@ -18,7 +18,7 @@ from torch.nn.modules import module as _nn_module
 from towerflow.devices.spec import DeviceSpec
 from towerflow.placement import scope as _scope
 
-DEVICE_ATTR = "_towerflow_device"  # the DeviceSpec a module's forward runs under
+DEVICE_ATTR = "_towerflow_device"  # the DeviceSpec (or device function) a module's forward runs under
 
 
 # --- modules built under a scope ---------------------------------------------------------
@@ -28,14 +28,16 @@ _registration_handles: List = []
 
 def _on_tensor_registered(module: torch.nn.Module, name: str, tensor):
     frames = _scope.state.frames
-    if tensor is None or not frames or getattr(module, DEVICE_ATTR, None) is not None:
+    if tensor is None or not frames:
         return None
     frame = frames[-1]
     op = _scope.OpInfo(f"{type(module).__name__}.{name}", "Variable")
     spec = frame.merged_spec(op)
     target = _scope.resolve(spec, op.name)
-    object.__setattr__(module, DEVICE_ATTR, spec)
-    _attach_forward_scope(module)
+    if getattr(module, DEVICE_ATTR, None) is None:  # the first registration decides where forward runs
+        # A device function keeps deciding per op in forward (variables on one device, ops on another).
+        object.__setattr__(module, DEVICE_ATTR, spec if frame.is_static else frame.fn)
+        _attach_forward_scope(module)
     if tensor.device != target.torch_device:  # a device function put variables elsewhere than ops
         moved = tensor.detach().to(target.torch_device)
         tensor = torch.nn.Parameter(moved, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else moved
@@ -46,6 +48,8 @@ def _on_tensor_registered(module: torch.nn.Module, name: str, tensor):
         from towerflow.placement.mode import TAG
 
         setattr(tensor, TAG, target.index)
+        if tensor.requires_grad:  # gradients live where their parameter lives
+            tensor.register_post_accumulate_grad_hook(lambda p, i=target.index: setattr(p.grad, TAG, i))
     return result
 
 
@@ -57,7 +61,7 @@ def _attach_forward_scope(module: torch.nn.Module) -> None:
 def _enter_module_scope(module, args):
     from towerflow.placement.mode import sync
 
-    _scope.state.frames.append(_scope.Frame(getattr(module, DEVICE_ATTR), None, _scope.top()))
+    _scope.state.frames.append(_scope.make_frame(getattr(module, DEVICE_ATTR)))
     sync()
 
 
@@ -131,6 +135,6 @@ def track_modules(enabled: bool) -> None:
         _tracking_handles.clear()
 
 
-def module_device(module: torch.nn.Module) -> Optional[DeviceSpec]:
-    """The device spec a module was built under, or None."""
+def module_device(module: torch.nn.Module):
+    """The DeviceSpec (or device function) a module was built under, or None."""
     return getattr(module, DEVICE_ATTR, None)

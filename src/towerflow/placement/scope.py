@@ -97,7 +97,7 @@ def resolve(spec: DeviceSpec, op: str) -> Target:
 class Frame:
     """One `with device(...)` level: a fixed spec, or a device function asked per op."""
 
-    __slots__ = ("spec", "fn", "outer", "is_static", "_merged", "_target", "_generation")
+    __slots__ = ("spec", "fn", "outer", "is_static", "_merged", "_target", "_generation", "fast_device", "fast_is_cpu")
 
     def __init__(self, spec: Optional[DeviceSpec], fn: Optional[DeviceFunction], outer: Optional["Frame"]):
         self.spec = spec
@@ -107,6 +107,9 @@ class Frame:
         self._merged = (outer._merged if outer is not None else DeviceSpec()).merge(spec) if self.is_static else None
         self._target: Optional[Target] = None
         self._generation = -1
+        # Set when ops here need nothing but a device check: a resolved, unsplit device and the log off.
+        self.fast_device: Optional[torch.device] = None
+        self.fast_is_cpu = False
 
     def merged_spec(self, op: OpInfo) -> DeviceSpec:
         if self.is_static:
@@ -121,6 +124,9 @@ class Frame:
         if self._generation != _generation[0]:  # config changed since we resolved
             self._target = resolve(self._merged, op.name)
             self._generation = _generation[0]
+            quiet = not _config.current().log_device_placement
+            self.fast_device = self._target.torch_device if quiet and not self._target.is_split else None
+            self.fast_is_cpu = self._target.torch_device.type == "cpu"
         return self._target
 
 

@@ -1,0 +1,19 @@
+"""Training strategies: one per file, all behind the `Strategy` contract in `base.py`."""
+
+from towerflow.strategies._optimizer import SyncOptimizer
+from towerflow.strategies.base import Strategy
+from towerflow.strategies.environment import ReplicaEnv, read_env, strategy_from_env
+from towerflow.strategies.mirrored import MirroredStrategy
+from towerflow.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from towerflow.strategies.one_device import OneDeviceStrategy
+
+__all__ = [
+    "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
+    "OneDeviceStrategy",
+    "ReplicaEnv",
+    "Strategy",
+    "SyncOptimizer",
+    "read_env",
+    "strategy_from_env",
+]

@@ -1,0 +1,197 @@
+"""The Strategy contract every way of training implements, from one device to parameter servers.
+
+A strategy owns three decisions and nothing else: which device this replica computes on,
+how the replicas' updates are combined, and which part of the data this replica reads.
+User code stays ordinary PyTorch:
+
+    strategy = towerflow.strategy_from_env()
+    model, optimizer = strategy.setup(model, optimizer)
+    for x, y in strategy.distribute_loader(train_set, global_batch_size=256):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()           # synchronous update; strategy.global_step += 1
+
+Subclasses override `_wrap_model` (how gradients are combined) and may override
+`_make_optimizer`, `reduce` and `barrier`. A parameter-server strategy plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+import torch
+from torch.utils.data import Dataset
+
+from towerflow.data.loader import DistributedLoader
+from towerflow.data.sharding import ShardBatch, ShardSampler
+from towerflow.errors import StrategyError
+from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
+
+MIXED_PRECISION = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+VARIABLES_ON = ("device", "cpu")
+
+
+class Strategy:
+    """Base class: one replica's view of a synchronous training job."""
+
+    name = "strategy"
+
+    def __init__(
+        self,
+        device: torch.device,
+        device_name: str,
+        num_replicas: int = 1,
+        replica_id: int = 0,
+        variables_on: str = "device",
+        mixed_precision: Optional[str] = None,
+    ):
+        if variables_on not in VARIABLES_ON:
+            raise StrategyError(f"variables_on={variables_on!r}: expected one of {VARIABLES_ON}")
+        if mixed_precision not in MIXED_PRECISION:
+            raise StrategyError(
+                f"mixed_precision={mixed_precision!r}: expected one of {[k for k in MIXED_PRECISION if k]} or None"
+            )
+        self.device = device
+        self.device_name = device_name
+        self.num_replicas_in_sync = num_replicas
+        self.replica_id = replica_id
+        self.variables_on = variables_on
+        # Mixed precision is a GPU feature (TF's mixed_float16); on a CPU replica it is a no-op.
+        self.autocast_dtype = MIXED_PRECISION[mixed_precision] if device.type == "cuda" else None
+        self.global_step = 0
+        self.batch_weight = 1.0  # local/global share of the current step's batch, set by the loader
+        self._batch_is_empty = False
+        self.last_batch: Optional[ShardBatch] = None  # the batch the replica's loader handed out last
+        self._optimizer: Optional[SyncOptimizer] = None
+
+    # ---- who am I
+    @property
+    def is_chief(self) -> bool:
+        """True on the replica that prints, evaluates for the record and writes checkpoints."""
+        return self.replica_id == 0
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(replica {self.replica_id} of {self.num_replicas_in_sync} "
+            f"on {self.device_name or self.device}, variables_on={self.variables_on!r})"
+        )
+
+    # ---- model and optimizer
+    def setup(
+        self,
+        model: torch.nn.Module,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        lr_schedule: Optional[Callable[[int], float]] = None,
+        clip_grad_norm: Optional[float] = None,
+    ) -> Tuple[torch.nn.Module, Optional[SyncOptimizer]]:
+        """Move the model to this replica's device, make its updates synchronous, wrap the optimizer.
+
+        Build the optimizer over `model.parameters()` before calling; it keeps working after
+        the move. `lr_schedule(global_step) -> lr` is applied before every step;
+        `clip_grad_norm` clips the combined gradient (after all-reduce, so every replica agrees).
+        """
+        model = model.to(self.device)
+        wrapped = self._wrap_model(model)
+        if optimizer is None:
+            return wrapped, None
+        self._optimizer = self._make_optimizer(model, optimizer, lr_schedule, clip_grad_norm)
+        return wrapped, self._optimizer
+
+    def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def _make_optimizer(self, model, optimizer, lr_schedule, clip_grad_norm) -> SyncOptimizer:
+        scaler = None
+        if self.autocast_dtype == torch.float16:
+            scaler = torch.amp.GradScaler(self.device.type)
+        host = None
+        if self.variables_on == "cpu":
+            host = _HostVariables(list(model.parameters()), optimizer, self._average_on_host)
+        return SyncOptimizer(
+            optimizer, self, lr_schedule=lr_schedule, clip_grad_norm=clip_grad_norm, scaler=scaler, host_variables=host
+        )
+
+    def _average_on_host(self, flat_grads: torch.Tensor) -> None:
+        """Average a flat CPU gradient over replicas in place (variables_on='cpu'); one replica: nothing to do."""
+
+    @staticmethod
+    def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+        """The user's module inside whatever wrapper `setup` added (for eval, saving, inspection)."""
+        return getattr(model, "module", model)
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Mixed-precision region for the forward pass (a no-op without mixed precision)."""
+        if self.autocast_dtype is None:
+            yield
+        else:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+                yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """`loss.backward()`, through the fp16 loss scaler when there is one."""
+        scaler = self._optimizer.scaler if self._optimizer is not None else None
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    # ---- data
+    def distribute_loader(
+        self,
+        dataset: Dataset,
+        batch_size: Optional[int] = None,
+        global_batch_size: Optional[int] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        collate_fn: Optional[Callable] = None,
+    ) -> DistributedLoader:
+        """This replica's shard of `dataset`, prefetched to its device.
+
+        Give the per-replica `batch_size` or the `global_batch_size` (split evenly, sizes
+        differing by at most one). Every sample is read once per epoch across replicas.
+        """
+        if (batch_size is None) == (global_batch_size is None):
+            raise StrategyError(
+                f"batch_size={batch_size!r}, global_batch_size={global_batch_size!r}: give exactly one "
+                "(batch_size is per replica; global_batch_size is split across the replicas)"
+            )
+        total = global_batch_size if global_batch_size is not None else batch_size * self.num_replicas_in_sync
+        sampler = ShardSampler(
+            len(dataset), total, self.num_replicas_in_sync, self.replica_id, shuffle=shuffle, seed=seed,
+            drop_last=drop_last,
+        )
+        return DistributedLoader(
+            dataset, sampler, self.device, self.device_name, num_workers=num_workers, collate_fn=collate_fn,
+            on_batch=self._on_batch,
+        )
+
+    def _on_batch(self, batch: ShardBatch) -> None:
+        local = len(batch.indices)
+        self.last_batch = batch
+        self.batch_weight = local * self.num_replicas_in_sync / batch.global_size
+        self._batch_is_empty = local == 0
+
+    # ---- collectives (identity on one replica)
+    def reduce(self, value: Any, op: str = "mean") -> torch.Tensor:
+        """`value` combined over all replicas with `op` ('sum', 'mean', 'max', 'min')."""
+        if op not in ("sum", "mean", "max", "min"):
+            raise StrategyError(f"op={op!r}: expected 'sum', 'mean', 'max' or 'min'")
+        return torch.as_tensor(value, dtype=torch.float64).clone()
+
+    def barrier(self) -> None:
+        """Wait until every replica gets here."""
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the chief only, so N replicas do not print N copies."""
+        if self.is_chief:
+            print(*args, **{"flush": True, **kwargs})
+
+    def shutdown(self) -> None:
+        """Release what the strategy holds (the process group); safe to call twice."""
+
+    def __enter__(self) -> "Strategy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

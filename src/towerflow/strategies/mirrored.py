@@ -1,0 +1,189 @@
+"""Synchronous data parallelism with all-reduce: one replica process per local device.
+
+TF's `MirroredStrategy` built as torch does it best: one process per device (so no GIL
+contention between towers), `DistributedDataParallel` for the gradients (bucketed all-reduce
+overlapping the backward pass), NCCL between GPUs, gloo on CPUs. Replicas are started by
+`towerflow launch` (or torchrun) and find each other through torchrun's variables.
+
+With `variables_on="cpu"` (seed 003's layout) there is no DDP: gradients come down to the
+host CPU, are averaged there with one all-reduce over a gloo group, the optimizer runs on
+the CPU copies, and the new values go back to the device.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import traceback
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from towerflow.errors import StrategyError
+from towerflow.strategies._devices import replica_device
+from towerflow.strategies.base import Strategy
+from towerflow.strategies.environment import ReplicaEnv, read_env
+
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+class MirroredStrategy(Strategy):
+    """One replica per local device (GPUs, or logical CPU devices), all-reduce between them."""
+
+    name = "mirrored"
+
+    def __init__(
+        self,
+        devices: Optional[Sequence[str]] = None,
+        variables_on: str = "device",
+        mixed_precision: Optional[str] = None,
+        backend: Optional[str] = None,
+        timeout_s: float = 300.0,
+        bucket_cap_mb: float = 25.0,
+        find_unused_parameters: bool = False,
+    ):
+        env = self._read_env()
+        device, device_name = self._pick_device(env, devices)
+        super().__init__(device, device_name, env.world_size, env.rank, variables_on, mixed_precision)
+        self.env = env
+        self.bucket_cap_mb = bucket_cap_mb
+        self.find_unused_parameters = find_unused_parameters
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        elif env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))  # no oversubscription
+        self.backend = backend or self._pick_backend(device, env)
+        self._owns_group = False
+        self._host_group = None
+        if env.is_distributed:
+            self._init_group(timeout_s)
+            _install_failure_report(env)
+
+    # ---- construction
+    def _read_env(self) -> ReplicaEnv:
+        return read_env()
+
+    def _pick_device(self, env: ReplicaEnv, devices: Optional[Sequence[str]]):
+        return replica_device(env.local_rank, env.local_world_size, devices, env.assigned_device)
+
+    @staticmethod
+    def _pick_backend(device: torch.device, env: ReplicaEnv) -> str:
+        # NCCL refuses two ranks on one GPU (logical GPU devices of one physical GPU): gloo then.
+        if device.type == "cuda" and env.local_world_size <= torch.cuda.device_count():
+            return "nccl"
+        return "gloo"
+
+    def _init_group(self, timeout_s: float) -> None:
+        if dist.is_initialized():
+            if dist.get_world_size() != self.num_replicas_in_sync:
+                raise StrategyError(
+                    f"a process group of {dist.get_world_size()} ranks already exists but WORLD_SIZE="
+                    f"{self.num_replicas_in_sync}: destroy it first or launch with a matching WORLD_SIZE"
+                )
+            return
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+        if missing:
+            raise StrategyError(
+                f"WORLD_SIZE={self.num_replicas_in_sync} but {', '.join(missing)} is not set: start replicas with "
+                "`towerflow launch` or torchrun, which set the rendezvous address"
+            )
+        kwargs = {}
+        if self.backend == "nccl":
+            kwargs["device_id"] = self.device
+        dist.init_process_group(
+            self.backend,
+            init_method="env://",
+            rank=self.replica_id,
+            world_size=self.num_replicas_in_sync,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **kwargs,
+        )
+        self._owns_group = True
+
+    # ---- model
+    def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if not self.env.is_distributed:
+            return model
+        if self.variables_on == "cpu":
+            self._broadcast_state(model)  # no DDP to do it: start every replica from rank 0's values
+            return model
+        return DistributedDataParallel(
+            model,
+            device_ids=[self.device] if self.device.type == "cuda" else None,
+            bucket_cap_mb=self.bucket_cap_mb,
+            find_unused_parameters=self.find_unused_parameters,
+            gradient_as_bucket_view=True,
+        )
+
+    def _group_for_host(self):
+        if self.backend == "gloo":
+            return None  # the default group already works on CPU tensors
+        if self._host_group is None:
+            self._host_group = dist.new_group(backend="gloo")
+        return self._host_group
+
+    @torch.no_grad()
+    def _broadcast_state(self, model: torch.nn.Module) -> None:
+        group = self._group_for_host()
+        for t in model.state_dict().values():
+            host = t.detach().to("cpu", copy=True)
+            dist.broadcast(host, src=0, group=group)
+            t.copy_(host)
+
+    def _average_on_host(self, flat_grads: torch.Tensor) -> None:
+        if self.env.is_distributed:
+            dist.all_reduce(flat_grads, group=self._group_for_host())
+            flat_grads.div_(self.num_replicas_in_sync)
+
+    # ---- collectives
+    def reduce(self, value: Any, op: str = "mean") -> torch.Tensor:
+        out = super().reduce(value, op)
+        if not self.env.is_distributed:
+            return out
+        comm_device = self.device if self.backend == "nccl" else torch.device("cpu")
+        t = out.to(comm_device)
+        dist.all_reduce(t, op=_REDUCE_OPS[op])
+        if op == "mean":
+            t /= self.num_replicas_in_sync
+        return t.cpu()
+
+    def barrier(self) -> None:
+        if self.env.is_distributed:
+            dist.barrier(**({"device_ids": [self.device.index]} if self.backend == "nccl" else {}))
+
+    def shutdown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+
+_installed = False
+
+
+def _install_failure_report(env: ReplicaEnv) -> None:
+    """On an uncaught error, name the replica, show the traceback, and exit at once.
+
+    Exiting (instead of tearing down a process group peers still wait on) closes this
+    replica's connections, so its peers fail within seconds rather than at the collective
+    timeout, and the launcher stops the job and reports this replica first.
+    """
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt):
+            return previous(exc_type, exc, tb)
+        task = f"{env.task_type}:{env.task_index}" if env.task_type else f"rank {env.rank}"
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"towerflow: replica {env.rank} of {env.world_size} ({task}) failed:\n{text}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
+
+    sys.excepthook = hook

@@ -1,0 +1,24 @@
+"""Reproducible runs: one seed for Python, NumPy and torch, the same on every replica."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+
+def set_seed(seed: int, deterministic: bool = False) -> None:
+    """Seed every generator the same on all replicas (so the initial model is identical everywhere).
+
+    Data order needs no per-replica seed: the sharded loader derives it from its own `seed`
+    and the epoch. `deterministic=True` also asks torch for deterministic kernels.
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
