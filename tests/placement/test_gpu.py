@@ -1,0 +1,102 @@
+"""Placement on a real CUDA GPU; skipped on machines without one (run on the device machine)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import towerflow
+from towerflow import PlacementError
+
+pytestmark = pytest.mark.gpu
+
+
+def test_gpu_is_listed_with_its_properties():
+    gpu = [d for d in towerflow.list_devices() if d.device_type == "GPU"][0]
+    assert gpu.name == "/job:localhost/replica:0/task:0/device:GPU:0"
+    assert gpu.torch_device == torch.device("cuda:0")
+    assert gpu.memory_bytes > 1 << 30
+    assert gpu.compute_capability and gpu.compute_capability[0] >= 3
+    assert towerflow.gpu_device_name() == "/device:GPU:0"
+    assert towerflow.is_gpu_available()
+
+
+def test_ops_move_to_the_gpu_and_bytes_are_counted_both_ways():
+    towerflow.configure(log_device_placement="summary")
+    host = torch.ones(1024)  # 4 KiB
+    with towerflow.device("/gpu:0"):
+        on_gpu = host * 2
+        made_there = torch.zeros(10)
+    assert on_gpu.is_cuda and made_there.is_cuda
+    with towerflow.device("/cpu:0"):
+        back = on_gpu + 1
+    assert back.device.type == "cpu"
+    summary = towerflow.placement_log().summary()
+    assert summary.host_to_device_bytes == 4096
+    assert summary.device_to_host_bytes == 4096
+
+
+def test_int64_matmul_has_no_cuda_kernel_and_soft_placement_runs_it_on_the_cpu():
+    ints = torch.ones(4, 4, dtype=torch.int64)
+    with pytest.raises(PlacementError, match="no kernel on /device:GPU:0"):
+        with towerflow.device("/gpu:0"):
+            ints @ ints
+    towerflow.configure(allow_soft_placement=True, log_device_placement="summary")
+    with towerflow.device("/gpu:0"):
+        product = ints @ ints
+    assert product.device.type == "cpu" and product[0, 0].item() == 4
+    assert towerflow.placement_log().records[-1].fallback.startswith("no kernel on /device:GPU:0")
+
+
+def test_model_parallel_on_two_logical_gpus_matches_one_gpu():
+    towerflow.configure(logical_devices={"GPU:0": 2})
+
+    def train(devices):
+        torch.manual_seed(0)
+        with towerflow.device(devices[0]):
+            first = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+        with towerflow.device(devices[1]):
+            second = nn.Linear(32, 2)
+        model = nn.Sequential(first, second)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+        y = (x.sum(1) > 0).long()
+        for _ in range(10):
+            out = model(x)
+            loss = nn.functional.cross_entropy(out, y.to(out.device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return loss.item()
+
+    assert train(["/gpu:0", "/gpu:1"]) == pytest.approx(train(["/gpu:0", "/gpu:0"]), rel=1e-5)
+
+
+def test_memory_fraction_caps_allocations():
+    towerflow.configure(gpu_memory_fraction=0.1)
+    total = torch.cuda.get_device_properties(0).total_memory
+    try:
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(int(total * 0.2), dtype=torch.uint8, device="cuda:0")
+    finally:
+        towerflow.configure(gpu_memory_fraction=None)
+
+
+def test_allow_growth_false_reserves_up_front():
+    code = (
+        "import torch, towerflow\n"
+        "towerflow.configure(allow_growth=False, gpu_memory_fraction=0.2)\n"
+        "total = torch.cuda.get_device_properties(0).total_memory\n"
+        "print(torch.cuda.memory_reserved(0) / total)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 0.1 < float(out.stdout.strip()) <= 0.2
+
+
+def test_visible_devices_after_cuda_started_is_refused():
+    torch.zeros(1, device="cuda")
+    with pytest.raises(towerflow.ConfigError, match="CUDA runtime already started"):
+        towerflow.configure(visible_devices=[0])
