@@ -2,7 +2,7 @@
 
 from towerflow.strategies._optimizer import SyncOptimizer
 from towerflow.strategies.base import Strategy
-from towerflow.strategies.environment import ReplicaEnv, read_env, strategy_from_env
+from towerflow.strategies.environment import ReplicaEnv, read_env, register_strategy, strategy_from_env
 from towerflow.strategies.mirrored import MirroredStrategy
 from towerflow.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from towerflow.strategies.one_device import OneDeviceStrategy
@@ -15,5 +15,6 @@ __all__ = [
     "Strategy",
     "SyncOptimizer",
     "read_env",
+    "register_strategy",
     "strategy_from_env",
 ]

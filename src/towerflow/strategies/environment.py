@@ -97,10 +97,40 @@ def _registry() -> Dict[str, Callable]:
     from towerflow.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
     from towerflow.strategies.one_device import OneDeviceStrategy
 
-    return {s.name: s for s in (OneDeviceStrategy, MirroredStrategy, MultiWorkerMirroredStrategy)}
+    builtin = {s.name: s for s in (OneDeviceStrategy, MirroredStrategy, MultiWorkerMirroredStrategy)}
+    return {**builtin, **_registered}
 
 
-STRATEGIES = _registry  # call for {name: class}; the parameter-server issue adds its strategies here
+_registered: Dict[str, Callable] = {}
+
+
+def register_strategy(cls):
+    """Make a Strategy subclass selectable by its `name` (strategy_from_env, $TOWERFLOW_STRATEGY).
+
+    A class named "parameter_server" is also what a cluster with a `ps` job selects by default.
+    """
+    _registered[cls.name] = cls
+    return cls
+
+
+def choose_strategy(env: ReplicaEnv, name: Optional[str], strategies) -> str:
+    """The registry name of the strategy for `env` (`name`, when given, is checked and wins)."""
+    if name is None:
+        if env.has_ps and "parameter_server" in strategies:
+            return "parameter_server"
+        if env.has_ps:
+            raise StrategyError(
+                f"TF_CONFIG has a 'ps' job ({env.cluster['ps']}), but no parameter-server strategy is available yet; "
+                "launch without --ps to train with all-reduce"
+            )
+        if not env.is_distributed:
+            return "one_device"
+        return "multi_worker_mirrored" if env.is_multi_host or env.cluster else "mirrored"
+    if name not in strategies:
+        raise StrategyError(
+            f"strategy {name!r} is unknown; available: {sorted(strategies)}{did_you_mean(name, strategies)}"
+        )
+    return name
 
 
 def strategy_from_env(name: Optional[str] = None, **options):
@@ -111,24 +141,8 @@ def strategy_from_env(name: Optional[str] = None, **options):
     workers): `MultiWorkerMirroredStrategy`. `name` or $TOWERFLOW_STRATEGY forces one.
     """
     strategies = _registry()
-    name = name or os.environ.get(ENV_STRATEGY) or None
     env = read_env()
-    if name is None:
-        if env.has_ps:
-            raise StrategyError(
-                f"TF_CONFIG has a 'ps' job ({env.cluster['ps']}), but no parameter-server strategy is available yet; "
-                "launch without --ps to train with all-reduce"
-            )
-        if not env.is_distributed:
-            name = "one_device"
-        elif env.is_multi_host or env.cluster:
-            name = "multi_worker_mirrored"
-        else:
-            name = "mirrored"
-    if name not in strategies:
-        raise StrategyError(
-            f"strategy {name!r} is unknown; available: {sorted(strategies)}.{did_you_mean(name, strategies)}"
-        )
+    name = choose_strategy(env, name or os.environ.get(ENV_STRATEGY) or None, strategies)
     if name == "one_device" and env.assigned_device and "device" not in options:
         options["device"] = env.assigned_device
     return strategies[name](**options)

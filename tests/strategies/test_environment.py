@@ -1,0 +1,72 @@
+"""Which strategy the launcher's environment selects, and how that environment is read."""
+
+import json
+
+import pytest
+
+import towerflow
+from towerflow.errors import StrategyError
+from towerflow.strategies.environment import _registry, choose_strategy, read_env
+
+NAMES = _registry()
+
+
+def _choose(env, name=None):
+    return choose_strategy(read_env(env), name, NAMES)
+
+
+def test_plain_process_is_one_device():
+    assert _choose({}) == "one_device"
+    assert _choose({"RANK": "0", "WORLD_SIZE": "1"}) == "one_device"
+    assert isinstance(towerflow.strategy_from_env(), towerflow.OneDeviceStrategy)
+
+
+def test_replicas_on_one_host_are_mirrored_and_across_hosts_multi_worker():
+    assert _choose({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == "mirrored"
+    assert _choose({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == "multi_worker_mirrored"
+    tf_config = json.dumps({"cluster": {"worker": ["localhost:2222", "localhost:2223"]}, "task": {"type": "worker", "index": 1}})
+    env = read_env({"RANK": "1", "WORLD_SIZE": "2", "TF_CONFIG": tf_config})
+    assert (env.task_type, env.task_index, env.local_world_size, env.local_rank) == ("worker", 1, 2, 1)
+    assert choose_strategy(env, None, NAMES) == "multi_worker_mirrored"
+
+
+def test_tf_config_hosts_give_the_local_replica_count():
+    tf_config = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["a:2", "b:1"]}, "task": {"type": "worker", "index": 1}})
+    env = read_env({"RANK": "2", "WORLD_SIZE": "3", "TF_CONFIG": tf_config})
+    assert env.local_world_size == 1 and env.is_multi_host
+
+
+def test_a_ps_job_needs_a_parameter_server_strategy():
+    tf_config = json.dumps({"cluster": {"ps": ["a:1"], "worker": ["a:2"]}, "task": {"type": "worker", "index": 0}})
+    with pytest.raises(StrategyError, match="parameter-server"):
+        _choose({"TF_CONFIG": tf_config})
+
+
+def test_unknown_names_and_bad_values_say_what_to_do():
+    with pytest.raises(StrategyError, match="Did you mean 'mirrored'"):
+        _choose({}, "mirored")
+    with pytest.raises(StrategyError, match="WORLD_SIZE='two'"):
+        read_env({"WORLD_SIZE": "two"})
+    with pytest.raises(StrategyError, match="RANK < WORLD_SIZE"):
+        read_env({"RANK": "2", "WORLD_SIZE": "2"})
+    with pytest.raises(StrategyError, match="TF_CONFIG"):
+        read_env({"TF_CONFIG": "{nope"})
+
+
+def test_env_override_and_assigned_device(monkeypatch):
+    monkeypatch.setenv("TOWERFLOW_STRATEGY", "mirrored")
+    assert isinstance(towerflow.strategy_from_env(), towerflow.MirroredStrategy)  # a world of one: no group
+    monkeypatch.delenv("TOWERFLOW_STRATEGY")
+    monkeypatch.setenv("TOWERFLOW_DEVICE", "/cpu:0")
+    assert towerflow.strategy_from_env().device.type == "cpu"
+
+
+def test_bad_devices_and_options_are_refused():
+    with pytest.raises(StrategyError, match="no /device:GPU:7"):
+        towerflow.OneDeviceStrategy("/gpu:7")
+    with pytest.raises(StrategyError, match="variables_on='gpu'"):
+        towerflow.OneDeviceStrategy(variables_on="gpu")
+    with pytest.raises(StrategyError, match="mixed_precision='fp8'"):
+        towerflow.OneDeviceStrategy(mixed_precision="fp8")
+    with pytest.raises(StrategyError, match="exactly one"):
+        towerflow.OneDeviceStrategy().distribute_loader([1, 2], batch_size=1, global_batch_size=2)
