@@ -25,8 +25,6 @@ from torch.overrides import _pop_mode, _push_mode
 from torch._C import _len_torch_function_stack
 from towerflow.placement import scope as _scope
 
-_frames = _scope.state
-_generation = _scope._generation
 
 TAG = "_towerflow_logical_index"  # set on tensors that live on one of several logical devices of a physical one
 
@@ -198,17 +196,19 @@ def _cpu_target() -> _scope.Target:
 class PlacementMode(TorchFunctionMode):
     """One per thread; see the module docstring."""
 
+    def __init__(self):
+        super().__init__()
+        self._frames = _scope.state.frames  # this thread's scope stack (the mode is per thread too)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kind = _kind_of.get(func)
         if kind is None:
             kind = _kind(func)[0]
-        if kind == PASSTHROUGH:
-            return func(*args, **(kwargs or {}))
-        frames = _frames.frames
-        frame = frames[-1] if frames else _scope._default_frame
-        if frame is not None and frame._generation == _generation[0]:
-            dev = frame.fast_device  # set for a resolved static frame, unsplit device, log off
-            if dev is not None and kind == COMPUTE and args:
+        frames = self._frames
+        if frames and kind == COMPUTE and args:
+            frame = frames[-1]
+            dev = frame.fast_device  # set for a resolved static frame on an unsplit device, log off
+            if dev is not None:
                 # The hot path: the first input is already on the device. PyTorch itself refuses
                 # inputs on other devices (CPU scalars aside), and then the full path moves them.
                 a = args[0]
@@ -218,7 +218,9 @@ class PlacementMode(TorchFunctionMode):
                     except (RuntimeError, NotImplementedError) as e:
                         if not _WRONG_DEVICE.search(str(e)):
                             return self._fall_back(e, func, args, kwargs or {}, frame._target, _kinds[func][1])[0]
-        return self._slow(func, kind, frame, args, kwargs or {})
+        if kind == PASSTHROUGH:
+            return func(*args, **(kwargs or {}))
+        return self._slow(func, kind, frames[-1] if frames else _scope._default_frame, args, kwargs or {})
 
     def _slow(self, func, kind, frame, args, kwargs):
         _, base, op_type = _kinds[func]

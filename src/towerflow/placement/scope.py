@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from typing import Callable, Dict, List, Optional, Union
 
 import torch
@@ -44,11 +45,14 @@ class Target:
 
 _cache: Dict[DeviceSpec, Target] = {}
 _generation = [0]  # bumped on every config change, so frames re-resolve
+_live_frames: "weakref.WeakSet[Frame]" = weakref.WeakSet()
 
 
 def _forget(old: _config.Config, new: _config.Config) -> None:
     _cache.clear()
     _generation[0] += 1
+    for frame in list(_live_frames):
+        frame.fast_device = None
 
 
 _config.on_change(apply=_forget)
@@ -97,7 +101,7 @@ def resolve(spec: DeviceSpec, op: str) -> Target:
 class Frame:
     """One `with device(...)` level: a fixed spec, or a device function asked per op."""
 
-    __slots__ = ("spec", "fn", "outer", "is_static", "_merged", "_target", "_generation", "fast_device", "fast_is_cpu")
+    __slots__ = ("spec", "fn", "outer", "is_static", "_merged", "_target", "_generation", "fast_device", "fast_is_cpu", "__weakref__")
 
     def __init__(self, spec: Optional[DeviceSpec], fn: Optional[DeviceFunction], outer: Optional["Frame"]):
         self.spec = spec
@@ -108,8 +112,11 @@ class Frame:
         self._target: Optional[Target] = None
         self._generation = -1
         # Set when ops here need nothing but a device check: a resolved, unsplit device and the log off.
+        # A config change clears it (see _forget), so the hot path reads just this one attribute.
         self.fast_device: Optional[torch.device] = None
         self.fast_is_cpu = False
+        if self.is_static:
+            _live_frames.add(self)
 
     def merged_spec(self, op: OpInfo) -> DeviceSpec:
         if self.is_static:
