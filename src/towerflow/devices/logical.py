@@ -88,6 +88,7 @@ class DeviceTable:
         self.devices = devices
         self._by_key: Dict[Tuple[str, int], LogicalDevice] = {(d.device_type, d.index): d for d in devices}
         self.has_split = any(d.is_split for d in devices)
+        self.name_cache: Dict[tuple, str] = {}  # (torch.device, logical tag) -> full name, filled by the log
         self._first_on_physical: Dict[torch.device, LogicalDevice] = {}
         for d in devices:
             self._first_on_physical.setdefault(d.torch_device, d)

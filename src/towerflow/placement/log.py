@@ -101,7 +101,7 @@ class _Recorder:
     def reset(self) -> None:
         with self._lock:
             self._records: Deque[PlacementRecord] = collections.deque(maxlen=MAX_RECORDS)
-            self._ops: Dict[str, int] = collections.Counter()
+            self._ops: Dict[str, int] = {}
             self._names: Dict[str, int] = collections.Counter()
             self._bytes = self._h2d = self._d2h = self._moves = self._fallbacks = 0
 
@@ -122,12 +122,13 @@ class _Recorder:
 
     def count_op(self, device: str, fell_back: bool) -> None:
         with self._lock:
-            self._ops[device] += 1
+            self._ops[device] = self._ops.get(device, 0) + 1
             self._fallbacks += fell_back
 
     def add(self, record: PlacementRecord, emit_line: bool) -> None:
-        self.count_op(record.device, record.fallback is not None)
         with self._lock:
+            self._ops[record.device] = self._ops.get(record.device, 0) + 1
+            self._fallbacks += record.fallback is not None
             self._records.append(record)
         if emit_line:
             _ensure_visible()

@@ -7,13 +7,13 @@ outside scopes pays nothing.
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch._C import _len_torch_function_stack
+from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
 from torch.utils._device import _device_constructors
 
 from towerflow import config as _config
@@ -21,10 +21,7 @@ from towerflow.devices import logical as _logical
 from towerflow.errors import PlacementError
 from towerflow.placement import log as _log
 from towerflow.placement import modules as _modules
-from torch.overrides import _pop_mode, _push_mode
-from torch._C import _len_torch_function_stack
 from towerflow.placement import scope as _scope
-
 
 TAG = "_towerflow_logical_index"  # set on tensors that live on one of several logical devices of a physical one
 
@@ -115,13 +112,18 @@ def _inherit_tag(args: tuple, out: Any) -> None:
 
 
 def _device_name(t: torch.Tensor) -> str:
-    index = getattr(t, TAG, None)
+    """Full TF name of the logical device `t` is on (memoised per table: this runs per logged input)."""
     table = _logical.table()
-    if index is not None:
-        found = table.lookup("GPU" if t.device.type == "cuda" else t.device.type.upper(), index)
-    else:
-        found = table.for_torch_device(t.device)
-    return found.name if found is not None else str(t.device)
+    key = (t.device, getattr(t, TAG, None))
+    name = table.name_cache.get(key)
+    if name is None:
+        device, index = key
+        if index is not None:
+            found = table.lookup("GPU" if device.type == "cuda" else device.type.upper(), index)
+        else:
+            found = table.for_torch_device(device)
+        name = table.name_cache[key] = found.name if found is not None else str(device)
+    return name
 
 
 def _first_tensor(out: Any) -> Optional[torch.Tensor]:

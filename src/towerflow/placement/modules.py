@@ -15,7 +15,6 @@ from typing import Dict, List, Optional
 import torch
 from torch.nn.modules import module as _nn_module
 
-from towerflow.devices.spec import DeviceSpec
 from towerflow.placement import scope as _scope
 
 DEVICE_ATTR = "_towerflow_device"  # the DeviceSpec (or device function) a module's forward runs under
