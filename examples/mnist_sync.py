@@ -18,7 +18,7 @@ from torch import nn
 
 import towerflow
 from towerflow.data import load_mnist_or_digits
-from towerflow.training import cosine_decay
+from towerflow.training import cosine_decay, save_metrics
 
 
 def build_model(side: int) -> nn.Module:
@@ -68,6 +68,8 @@ def main(argv=None) -> float:
         f"{args.steps} steps in {time.perf_counter() - start:.1f}s, "
         f"{progress.samples_per_sec:.0f} samples/s ({progress.samples_per_sec_per_replica:.0f}/replica)"
     )
+    if args.logdir and strategy.is_chief:
+        save_metrics(args.logdir, {**metrics, "global_step": strategy.global_step, "samples_per_sec": progress.samples_per_sec})
     strategy.print(f"test accuracy: {metrics['accuracy']:.4f}")
     strategy.shutdown()
     return metrics["accuracy"]

@@ -2,6 +2,7 @@
 
 from towerflow.training.evaluate import evaluate
 from towerflow.training.progress import Progress
+from towerflow.training.records import save_metrics
 from towerflow.training.schedules import cosine_decay, exponential_decay, piecewise_constant
 from towerflow.training.seed import set_seed
 from towerflow.training.step import train_step
@@ -12,6 +13,7 @@ __all__ = [
     "evaluate",
     "exponential_decay",
     "piecewise_constant",
+    "save_metrics",
     "set_seed",
     "train_step",
 ]
