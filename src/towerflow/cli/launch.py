@@ -1,0 +1,78 @@
+"""`towerflow launch`: run a script as every task of a local cluster, or as one task of a multi-host one.
+
+    towerflow launch --ps 1 --workers 2 [--chief] SCRIPT [ARGS...]      # the whole cluster, loopback
+    towerflow launch --cluster cluster.json --job_name worker --task_index 1 SCRIPT [ARGS...]
+    towerflow launch --devices gpu:0,gpu:1 SCRIPT                        # one worker per device
+    towerflow launch --nproc 4 SCRIPT                                    # four CPU workers
+
+Each task's output is prefixed with its name; if a task fails the rest are stopped and the
+launch exits with the failed task's code. Every flag has both spellings (`--task-index` and
+`--task_index`) and falls back to an environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _env(name: str, default=None):
+    return os.environ.get(name, default)
+
+
+def _int_env(name: str, default=None):
+    value = os.environ.get(name)
+    return int(value) if value and value.isdigit() else default
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "launch",
+        help="start a cluster's tasks (or one task of a multi-host cluster) running a script",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    local = p.add_argument_group("embedded cluster on this machine")
+    local.add_argument("--ps", type=int, default=_int_env("TOWERFLOW_LAUNCH_PS", 0), metavar="N", help="parameter-server tasks (default 0)")
+    local.add_argument("--workers", type=int, default=_int_env("TOWERFLOW_LAUNCH_WORKERS"), metavar="N", help="worker tasks (default 1)")
+    local.add_argument("--chief", action="store_true", help="add a chief task (it coordinates; otherwise worker 0 does)")
+    local.add_argument("--devices", default=_env("TOWERFLOW_LAUNCH_DEVICES"), metavar="LIST", help="one worker per device, e.g. gpu:0,gpu:1 (sets TOWERFLOW_DEVICE)")
+    local.add_argument("--nproc", type=int, default=_int_env("TOWERFLOW_LAUNCH_NPROC"), metavar="N", help="N workers on the CPU")
+    one = p.add_argument_group("one task of a multi-host cluster")
+    one.add_argument("--cluster", default=_env("TOWERFLOW_CLUSTER_FILE"), metavar="FILE", help="cluster JSON file ({job: [host:port, ...]} or a TF_CONFIG)")
+    one.add_argument("--job_name", "--job-name", dest="job_name", default=_env("TOWERFLOW_JOB_NAME"), metavar="J", help="this task's job")
+    one.add_argument("--task_index", "--task-index", dest="task_index", type=int, default=_int_env("TOWERFLOW_TASK_INDEX"), metavar="I", help="this task's index in its job")
+    one.add_argument("--master_port", "--master-port", dest="master_port", type=int, default=None, metavar="PORT", help="port of the replicas' process group (default: first replica's port + 10000)")
+    p.add_argument("--max_restarts", "--max-restarts", dest="max_restarts", type=int, default=_int_env("TOWERFLOW_MAX_RESTARTS", 0), metavar="N", help="restart a failed task up to N times (default 0)")
+    p.add_argument("--logdir", default=_env("TOWERFLOW_LOGDIR"), metavar="DIR", help="handed to every task as TOWERFLOW_LOGDIR")
+    p.add_argument("script", help="the Python script (or program) every task runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from towerflow.errors import TowerflowError
+    from towerflow.launch import Supervisor, plan_local, plan_one
+    from towerflow.launch.local import command_for
+
+    try:
+        argv = command_for(args.script, args.args)
+        logdir = os.path.abspath(args.logdir) if args.logdir else None
+        if args.cluster:
+            if args.job_name is None or args.task_index is None:
+                raise TowerflowError("--cluster needs --job_name and --task_index: which task of it runs here?")
+            if args.ps or args.workers or args.chief or args.devices or args.nproc:
+                raise TowerflowError("--cluster runs one task of a given cluster; drop --ps/--workers/--chief/--devices/--nproc")
+            plan = plan_one(argv, args.cluster, args.job_name, args.task_index, logdir=logdir, master_port=args.master_port)
+        else:
+            plan = plan_local(
+                argv, ps=args.ps, workers=args.workers, chief=args.chief, devices=args.devices, nproc=args.nproc,
+                logdir=logdir,
+            )
+    except TowerflowError as e:
+        print(f"towerflow launch: {e}", file=sys.stderr)
+        return 2
+    if logdir:
+        os.makedirs(logdir, exist_ok=True)
+    return Supervisor(plan.tasks, max_restarts=args.max_restarts).run()

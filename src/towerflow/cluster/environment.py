@@ -1,0 +1,151 @@
+"""The environment contract between `towerflow launch` and each task, written down in one place.
+
+The launcher calls `task_environment()` to build each child's variables; a task calls
+`read_task()` to find out which cluster it is in and which task it is. docs/architecture.md
+lists the same variables for readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Dict, Mapping, Optional, Sequence
+
+from towerflow.cluster.spec import ClusterSpec, parse_flags, parse_tf_config
+from towerflow.devices.logical import ENV_JOB_NAME, ENV_TASK_INDEX
+from towerflow.errors import ClusterSpecError
+
+# towerflow's own variables
+ENV_LOGDIR = "TOWERFLOW_LOGDIR"  # --logdir, handed to every task
+ENV_DEVICE = "TOWERFLOW_DEVICE"  # the local device a replica should use (--devices / --nproc)
+ENV_CLUSTER_TOKEN = "TOWERFLOW_CLUSTER_TOKEN"  # the secret every task presents when it joins
+ENV_CLUSTER_TOKEN_FILE = "TOWERFLOW_CLUSTER_TOKEN_FILE"  # ... or a file holding it
+ENV_JOIN_TIMEOUT = "TOWERFLOW_JOIN_TIMEOUT"  # seconds a task waits for the others (default 60)
+ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher restarted this task
+# TensorFlow's
+ENV_TF_CONFIG = "TF_CONFIG"
+# torchrun's, for the process group of training replicas (chief, then workers; no ps)
+ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK = "RANK", "WORLD_SIZE", "LOCAL_RANK"
+ENV_MASTER_ADDR, ENV_MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
+
+CONTRACT = (
+    ENV_JOB_NAME,
+    ENV_TASK_INDEX,
+    ENV_TF_CONFIG,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_LOGDIR,
+    ENV_DEVICE,
+    ENV_CLUSTER_TOKEN,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInfo:
+    """Which cluster this process belongs to and which task of it it is."""
+
+    cluster: ClusterSpec
+    job_name: str
+    task_index: int
+    source: str  # where it was read from: 'flags', 'TF_CONFIG', 'TOWERFLOW_*', 'torchrun'
+
+    @property
+    def name(self) -> str:
+        return f"/job:{self.job_name}/task:{self.task_index}"
+
+
+def task_environment(
+    cluster: ClusterSpec,
+    job_name: str,
+    task_index: int,
+    *,
+    master_addr: str,
+    master_port: int,
+    local_rank: int = 0,
+    logdir: Optional[str] = None,
+    device: Optional[str] = None,
+    token: Optional[str] = None,
+) -> Dict[str, str]:
+    """The variables one launched task gets (see docs/architecture.md, 'The environment contract')."""
+    cluster.task_address(job_name, task_index)  # validates the pair
+    env = {
+        ENV_JOB_NAME: job_name,
+        ENV_TASK_INDEX: str(task_index),
+        ENV_TF_CONFIG: json.dumps({"cluster": cluster.as_dict(), "task": {"type": job_name, "index": task_index}}),
+        ENV_MASTER_ADDR: master_addr,
+        ENV_MASTER_PORT: str(master_port),
+        ENV_LOCAL_RANK: str(local_rank),
+    }
+    replicas = [(t.job, t.task) for t in cluster.replicas()]
+    env[ENV_WORLD_SIZE] = str(len(replicas))
+    if (job_name, task_index) in replicas:
+        env[ENV_RANK] = str(replicas.index((job_name, task_index)))
+    if logdir:
+        env[ENV_LOGDIR] = logdir
+    if device:
+        env[ENV_DEVICE] = device
+    if token:
+        env[ENV_CLUSTER_TOKEN] = token
+    return env
+
+
+def read_task(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None) -> TaskInfo:
+    """Find this task from, in order: the seeds' flags in argv, TF_CONFIG (+ TOWERFLOW_*), torchrun's variables."""
+    env = os.environ if env is None else env
+    spec, job, index = parse_flags(argv) if argv is not None else (None, None, None)
+    if spec is not None:
+        if job is None or index is None:
+            raise ClusterSpecError(
+                "--ps_hosts/--worker_hosts were given without --job_name and --task_index; add e.g. "
+                "'--job_name worker --task_index 0'"
+            )
+        return _checked(TaskInfo(spec, job, index, "flags"))
+    if env.get(ENV_TF_CONFIG):
+        cluster, tf_job, tf_index = parse_tf_config(env[ENV_TF_CONFIG])
+        job = env.get(ENV_JOB_NAME) or tf_job
+        raw = env.get(ENV_TASK_INDEX)
+        index = int(raw) if raw and raw.isdigit() else tf_index
+        if job is None or index is None:
+            raise ClusterSpecError(
+                "TF_CONFIG names a cluster but not this task; add \"task\": {\"type\": ..., \"index\": ...} or set "
+                f"{ENV_JOB_NAME} and {ENV_TASK_INDEX}"
+            )
+        return _checked(TaskInfo(ClusterSpec(cluster), job, index, "TF_CONFIG"))
+    if env.get(ENV_WORLD_SIZE) and env.get(ENV_MASTER_ADDR):
+        rank = env.get(ENV_RANK, "0")
+        if not rank.isdigit():
+            raise ClusterSpecError(f"bad RANK {rank!r}: expected a non-negative integer")
+        return _checked(TaskInfo(ClusterSpec.from_torchrun(env), "worker", int(rank), "torchrun"))
+    raise ClusterSpecError(
+        "this process is not part of a cluster: no --ps_hosts/--worker_hosts flags, no TF_CONFIG and no torchrun "
+        "variables. Start it with `towerflow launch`, or pass towerflow.Server(cluster, job_name=..., task_index=...)."
+    )
+
+
+def _checked(info: TaskInfo) -> TaskInfo:
+    info.cluster.task_address(info.job_name, info.task_index)  # unknown job / index out of range fail here
+    return info
+
+
+def read_token(token: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The cluster token: an explicit one, else TOWERFLOW_CLUSTER_TOKEN, else the file TOWERFLOW_CLUSTER_TOKEN_FILE."""
+    env = os.environ if env is None else env
+    if token:
+        return token
+    if env.get(ENV_CLUSTER_TOKEN):
+        return env[ENV_CLUSTER_TOKEN]
+    path = env.get(ENV_CLUSTER_TOKEN_FILE)
+    if path:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError as e:
+            raise ClusterSpecError(f"cannot read the cluster token file {path!r} ({ENV_CLUSTER_TOKEN_FILE}): {e.strerror}") from None
+        if not text:
+            raise ClusterSpecError(f"the cluster token file {path!r} ({ENV_CLUSTER_TOKEN_FILE}) is empty")
+        return text
+    return None

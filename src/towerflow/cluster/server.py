@@ -1,0 +1,458 @@
+"""Server: one task of a cluster, as `tf.train.Server(cluster, job_name, task_index)`.
+
+Starting a server holds the task's address, finds the coordinator (the first task in rank
+order, which hosts the rendezvous store at its own address), checks that this task has the
+same cluster spec and token as the coordinator, claims its slot, waits until every task has
+done the same, then joins the RPC group that remote calls use. `join()` blocks until every
+task is done (what a ps does) and then leaves cleanly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Dict, List, Optional, Sequence
+
+from towerflow.cluster import environment as _env
+from towerflow.cluster import transport as _transport
+from towerflow.cluster.spec import ClusterLike, ClusterSpec, _same_place, split_address
+from towerflow.devices.spec import DeviceSpec
+from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError
+
+DEFAULT_JOIN_TIMEOUT = 60.0
+_SAY_EVERY = 5.0  # seconds between repeated waiting messages
+_POLL = 0.1
+
+_current: Optional["Server"] = None  # this process's server; one per process, as in TF
+_current_lock = threading.Lock()
+
+
+def current() -> Optional["Server"]:
+    """The started server of this process, or None."""
+    return _current
+
+
+def rpc_name(job: str, index: int) -> str:
+    """The RPC name of a task; remote.py addresses tasks by it."""
+    return f"{job}:{index}"
+
+
+def _say(text: str) -> None:
+    print(f"towerflow: {text}", file=sys.stderr, flush=True)
+
+
+def _task_name(job: str, index: int) -> str:
+    return f"/job:{job}/task:{index}"
+
+
+def _proof(token: Optional[str], nonce: str, what: str) -> str:
+    return hmac.new((token or "").encode(), f"{nonce}:{what}".encode(), hashlib.sha256).hexdigest()
+
+
+class Server:
+    """One task of a cluster: holds its address, joins the others, serves remote calls.
+
+    `Server()` with no arguments finds its task from the seeds' flags in sys.argv
+    (`--ps_hosts ... --job_name ps --task_index 0`), TF_CONFIG / TOWERFLOW_* (set by
+    `towerflow launch`) or torchrun's variables.
+    """
+
+    def __init__(
+        self,
+        cluster: Optional[ClusterLike] = None,
+        job_name: Optional[str] = None,
+        task_index: Optional[int] = None,
+        *,
+        token: Optional[str] = None,
+        join_timeout: Optional[float] = None,
+        rpc_timeout: float = 0,
+        start: bool = True,
+        argv: Optional[Sequence[str]] = None,
+    ):
+        if cluster is None:
+            info = _env.read_task(list(sys.argv[1:]) if argv is None else argv)
+            cluster, job_name, task_index = info.cluster, job_name or info.job_name, (
+                info.task_index if task_index is None else task_index
+            )
+        self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+        if job_name is None:
+            if len(self.cluster.jobs) != 1:
+                raise ClusterSpecError(
+                    f"job_name is required for a cluster with jobs {self.cluster.jobs}; pass e.g. "
+                    f"Server(cluster, job_name={self.cluster.jobs[0]!r}, task_index=0)"
+                )
+            job_name = self.cluster.jobs[0]
+        self.job_name = job_name
+        self.task_index = 0 if task_index is None else task_index
+        self.address = self.cluster.task_address(self.job_name, self.task_index)  # validates job and index
+        self.token = _env.read_token(token)
+        raw = os.environ.get(_env.ENV_JOIN_TIMEOUT)
+        self.join_timeout = float(join_timeout if join_timeout is not None else raw or DEFAULT_JOIN_TIMEOUT)
+        self.rpc_timeout = rpc_timeout
+        self._store = None
+        self._sock: Optional[socket.socket] = None
+        self._started = False
+        self._stopped = False
+        self._failure: Optional[str] = None
+        if start:
+            self.start()
+
+    # --- what TF's Server exposes ---------------------------------------------------------
+
+    @property
+    def target(self) -> str:
+        """Where this task listens, as TF's `server.target` ('grpc://...') but with towerflow's scheme."""
+        return f"towerflow://{self.address}"
+
+    @property
+    def task(self) -> DeviceSpec:
+        return DeviceSpec(job=self.job_name, replica=0, task=self.task_index)
+
+    @property
+    def name(self) -> str:
+        return _task_name(self.job_name, self.task_index)
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief task, or worker 0 when the cluster has no chief (TF's rule)."""
+        if "chief" in self.cluster.jobs:
+            return self.job_name == "chief" and self.task_index == 0
+        return self.job_name == "worker" and self.task_index == 0
+
+    @property
+    def is_coordinator(self) -> bool:
+        c = self.cluster.coordinator()
+        return (c.job, c.task) == (self.job_name, self.task_index)
+
+    @staticmethod
+    def local_name() -> str:
+        """This process's task as '/job:worker/task:1' ('/job:localhost/task:0' outside a cluster)."""
+        from towerflow.devices.logical import local_task
+
+        here = local_task()
+        return _task_name(here.job, here.task)
+
+    # --- starting --------------------------------------------------------------------------
+
+    def start(self) -> "Server":
+        """Join the cluster; waits (saying for whom) until every task is up or the timeout passes."""
+        global _current
+        if self._started:
+            return self
+        with _current_lock:
+            if _current is not None and _current is not self and not _current._stopped:
+                raise ClusterError(
+                    f"this process already runs {_current.name}; one Server per process (as in TF)", task=self.name
+                )
+            _current = self
+        self._set_local_task()
+        deadline = time.monotonic() + self.join_timeout
+        try:
+            if self.is_coordinator:
+                self._host()
+            else:
+                self._join_coordinator(deadline)
+            self._claim_slot()
+            self._wait_for_all("slot", deadline, "tasks up")
+            _transport.start_rpc(self._store, rpc_name(self.job_name, self.task_index), self._rank(), self.rpc_timeout)
+            self._store.set(self._key("up"), "1")
+            self._wait_for_all("up", deadline, "tasks connected")
+        except BaseException:
+            self._close(graceful=False)
+            raise
+        self._started = True
+        self._install_exit_hooks()
+        return self
+
+    def _set_local_task(self) -> None:
+        # The placement layer reads these to know which task it is (devices.logical.local_task).
+        os.environ[_env.ENV_JOB_NAME] = self.job_name
+        os.environ[_env.ENV_TASK_INDEX] = str(self.task_index)
+        hosts = [split_address(a)[0] for j in self.cluster.jobs for a in self.cluster.job_tasks(j)]
+        if all(_same_place(h) == "127.0.0.1" for h in hosts):
+            os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback too
+
+    def _rank(self) -> int:
+        return self.cluster.rank_of(self.job_name, self.task_index)
+
+    def _key(self, kind: str, job: Optional[str] = None, index: Optional[int] = None) -> str:
+        job = self.job_name if job is None else job
+        index = self.task_index if index is None else index
+        return f"{kind}/{job}/{index}"
+
+    def _bind_host(self, host: str) -> str:
+        return "127.0.0.1" if _same_place(host) == "127.0.0.1" else host
+
+    def _host(self) -> None:
+        host, port = split_address(self.address)
+        try:
+            self._sock = _transport.listen(self._bind_host(host), port)
+        except OSError as e:
+            raise self._bind_error(e, port_taken_by=None) from None
+        self._store = _transport.prefix_store("towerflow", _transport.host_store(self._sock, self.join_timeout))
+        self._nonce = secrets.token_hex(16)
+        self._store.set(
+            "coordinator",
+            json.dumps(
+                {
+                    "task": self.name,
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "cluster": self.cluster.as_dict(),
+                    "fingerprint": self.cluster.fingerprint(),
+                    "has_token": self.token is not None,
+                    "nonce": self._nonce,
+                    "proof": _proof(self.token, self._nonce, "coordinator"),
+                }
+            ),
+        )
+
+    def _bind_error(self, e: OSError, port_taken_by: Optional[dict]) -> ClusterJoinError:
+        host, port = split_address(self.address)
+        if e.errno == errno.EADDRINUSE:
+            if port_taken_by:
+                return ClusterJoinError(
+                    f"{self.name} is already taken by another process (pid {port_taken_by.get('pid')} on "
+                    f"{port_taken_by.get('host')}); a slot holds one task. Stop the other one, or start this one "
+                    "with a free --task_index.",
+                    task=self.name,
+                )
+            return ClusterJoinError(
+                f"port {port} of {self.name} ({self.address!r}) is already in use — by another program, or by "
+                f"another task started as {self.name}. Free the port (`ss -ltnp 'sport = :{port}'` shows who "
+                "holds it) or give this task another address in the cluster spec.",
+                task=self.name,
+            )
+        return ClusterJoinError(
+            f"cannot listen on {self.address!r} for {self.name}: {e.strerror or e}. The address must belong to "
+            "the machine this task runs on.",
+            task=self.name,
+        )
+
+    def _join_coordinator(self, deadline: float) -> None:
+        host, port = split_address(self.address)
+        bind_error = None
+        try:
+            self._sock = _transport.listen(self._bind_host(host), port)
+        except OSError as e:
+            if e.errno != errno.EADDRNOTAVAIL:  # not this machine's address (torchrun names): nothing to hold
+                bind_error = e
+        coordinator = self.cluster.coordinator()
+        c_address = self.cluster.task_address(coordinator.job, coordinator.task)
+        c_host, c_port = split_address(c_address)
+        c_name = _task_name(coordinator.job, coordinator.task)
+        n = len(self.cluster.tasks())
+        said = time.monotonic() - _SAY_EVERY + 1.0  # first message after a second of waiting
+        while not _transport.port_is_open(c_host, c_port):
+            now = time.monotonic()
+            if bind_error is not None:
+                raise self._bind_error(bind_error, None)
+            if now > deadline:
+                raise ClusterTimeoutError(
+                    f"{self.name} gave up after {self.join_timeout:g} s: the coordinator {c_name} at {c_address} never "
+                    f"came up (missing: {c_name} at {c_address}; the other tasks cannot be counted without it). Start "
+                    f"it, or raise the timeout with {_env.ENV_JOIN_TIMEOUT}.",
+                    task=self.name,
+                    missing=[c_name],
+                )
+            if now - said >= _SAY_EVERY:
+                _say(f"{self.name}: waiting for {c_name} at {c_address} — 1 of {n} tasks up")
+                said = now
+            time.sleep(_POLL)
+        store = _transport.connect_store(c_host, c_port, max(1.0, deadline - time.monotonic()))
+        self._store = _transport.prefix_store("towerflow", store)
+        info = json.loads(self._get("coordinator", deadline, c_name, c_address))
+        if bind_error is not None:
+            taken = self._store.check([self._key("slot")]) and json.loads(self._store.get(self._key("slot")))
+            raise self._bind_error(bind_error, taken or None)
+        if info["fingerprint"] != self.cluster.fingerprint():
+            raise ClusterJoinError(
+                f"{self.name} has a different cluster spec from the coordinator {info['task']}: this task has "
+                f"{self.cluster.as_dict()}, the coordinator has {info['cluster']}. Start every task with the same spec.",
+                task=self.name,
+            )
+        if info["has_token"] and self.token is None:
+            raise ClusterJoinError(
+                f"{self.name} was refused: the cluster requires a token and this task has none. Set "
+                f"{_env.ENV_CLUSTER_TOKEN} (or {_env.ENV_CLUSTER_TOKEN_FILE}) to the cluster's token.",
+                task=self.name,
+            )
+        if not info["has_token"] and self.token is not None:
+            raise ClusterJoinError(
+                f"{self.name} was refused: it has a cluster token but the coordinator {info['task']} has none. Give "
+                f"every task the same {_env.ENV_CLUSTER_TOKEN}, or none.",
+                task=self.name,
+            )
+        if not hmac.compare_digest(info["proof"], _proof(self.token, info["nonce"], "coordinator")):
+            raise ClusterJoinError(
+                f"{self.name} was refused: wrong cluster token (it does not match the coordinator {info['task']}'s). "
+                f"Check {_env.ENV_CLUSTER_TOKEN} / {_env.ENV_CLUSTER_TOKEN_FILE} on this task.",
+                task=self.name,
+            )
+        self._nonce = info["nonce"]
+
+    def _get(self, key: str, deadline: float, who: str, where: str) -> bytes:
+        while not self._store.check([key]):
+            if time.monotonic() > deadline:
+                raise ClusterTimeoutError(
+                    f"{self.name}: {who} at {where} accepted a connection but never published the cluster",
+                    task=self.name,
+                    missing=[who],
+                )
+            time.sleep(_POLL)
+        return self._store.get(key)
+
+    def _claim_slot(self) -> None:
+        mine = json.dumps(
+            {"pid": os.getpid(), "host": socket.gethostname(), "proof": _proof(self.token, self._nonce, self.name)}
+        )
+        held = self._store.compare_set(self._key("slot"), "", mine).decode()
+        if held != mine:
+            other = json.loads(held)
+            raise ClusterJoinError(
+                f"{self.name} is already taken by another process (pid {other.get('pid')} on {other.get('host')}); "
+                "a slot holds one task. Stop the other one, or start this one with a free --task_index.",
+                task=self.name,
+            )
+
+    def _wait_for_all(self, kind: str, deadline: float, what: str) -> None:
+        tasks = self.cluster.tasks()
+        said = time.monotonic() - _SAY_EVERY + 1.0  # first message after a second of waiting
+        while True:
+            missing = [t for t in tasks if not self._store.check([self._key(kind, t.job, t.task)])]
+            if not missing:
+                return
+            now = time.monotonic()
+            names = [f"{_task_name(t.job, t.task)} at {self.cluster.task_address(t.job, t.task)}" for t in missing]
+            if now > deadline:
+                raise ClusterTimeoutError(
+                    f"{self.name} gave up after {self.join_timeout:g} s with {len(tasks) - len(missing)} of "
+                    f"{len(tasks)} {what}; missing: {', '.join(names)}. Start the missing tasks, or raise the timeout "
+                    f"with {_env.ENV_JOIN_TIMEOUT}.",
+                    task=self.name,
+                    missing=[_task_name(t.job, t.task) for t in missing],
+                )
+            if now - said >= _SAY_EVERY:
+                _say(f"{self.name}: waiting for {names[0]} — {len(tasks) - len(missing)} of {len(tasks)} {what}")
+                said = now
+            time.sleep(_POLL)
+
+    # --- stopping --------------------------------------------------------------------------
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Block until every task of the cluster is done (has called join or exited), then leave.
+
+        Raises ClusterError naming the task when another task failed, and ClusterTimeoutError
+        when `timeout` seconds pass first.
+        """
+        if self._stopped or not self._started:
+            return
+        self._store.set(self._key("done"), "1")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tasks = self.cluster.tasks()
+        try:
+            while True:
+                for t in tasks:
+                    key = self._key("failed", t.job, t.task)
+                    if self._store.check([key]):
+                        reason = self._store.get(key).decode()
+                        raise ClusterError(f"{_task_name(t.job, t.task)} failed: {reason}", task=_task_name(t.job, t.task))
+                missing = [t for t in tasks if not self._store.check([self._key("done", t.job, t.task)])]
+                if not missing:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ClusterTimeoutError(
+                        f"{self.name}: tasks still running after {timeout:g} s: "
+                        f"{', '.join(_task_name(t.job, t.task) for t in missing)}",
+                        task=self.name,
+                        missing=[_task_name(t.job, t.task) for t in missing],
+                    )
+                time.sleep(_POLL)
+        except ClusterError:
+            self._close(graceful=False)
+            raise
+        except Exception as e:  # the store went away: the coordinator is gone
+            self._close(graceful=False)
+            raise ClusterError(f"{self.name} lost the cluster's coordinator while waiting for the others: {e}") from None
+        self._close(graceful=True)
+
+    def abort(self, reason: str) -> None:
+        """Tell the others this task failed (their join() raises with `reason`) and leave at once."""
+        if self._stopped:
+            return
+        self._failure = reason
+        try:
+            if self._store is not None:
+                self._store.set(self._key("failed"), reason[-4000:])
+        except Exception:
+            pass
+        self._close(graceful=False)
+
+    def _close(self, graceful: bool) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            if graceful:
+                tasks = self.cluster.tasks()
+                _transport.stop_rpc(graceful=True)
+                self._store.set(self._key("left"), "1")
+                if self.is_coordinator:  # the store must outlive everyone's leave
+                    end = time.monotonic() + 30
+                    while time.monotonic() < end and not all(
+                        self._store.check([self._key("left", t.job, t.task)]) for t in tasks
+                    ):
+                        time.sleep(_POLL)
+            else:
+                _transport.stop_rpc(graceful=False)
+        except Exception:
+            if _transport.is_rpc_running():
+                _transport.stop_rpc(graceful=False)
+        finally:
+            self._store = None
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.join()
+        else:
+            self.abort("".join(traceback.format_exception(exc_type, exc, tb)))
+
+    def _install_exit_hooks(self) -> None:
+        # An uncaught exception marks the task failed, so atexit aborts instead of waiting on the others.
+        previous = sys.excepthook
+
+        def hook(exc_type, exc, tb):
+            if not self._stopped:
+                self._failure = "".join(traceback.format_exception(exc_type, exc, tb))
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = hook
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self._stopped:
+            return
+        if self._failure is not None:
+            self.abort(self._failure)
+        else:
+            self.join()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "started" if self._started else "not started"
+        return f"Server({self.name} at {self.address}, {state})"

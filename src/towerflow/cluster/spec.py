@@ -1,0 +1,274 @@
+"""ClusterSpec: which tasks make up a cluster and where they listen, as `tf.train.ClusterSpec`.
+
+One spec is built from any of the ways people describe a cluster (a dict, a JSON file, the
+TF seeds' `--ps_hosts/--worker_hosts` flags, `TF_CONFIG`, torchrun's variables) and validated
+once, so every later error can name the task and address it is about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from towerflow.devices.spec import _JOB_NAME, DeviceSpec
+from towerflow.errors import ClusterSpecError, did_you_mean
+
+# Jobs in the order their tasks are numbered (chief first: it coordinates); other jobs follow, sorted.
+JOB_ORDER = ("chief", "master", "worker", "ps", "evaluator")
+
+_LOCAL_NAMES = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::1": "127.0.0.1", "[::1]": "127.0.0.1"}
+
+ClusterLike = Union["ClusterSpec", Mapping[str, Union[Sequence[str], Mapping[int, str]]]]
+
+
+def split_address(address: str, where: str = "") -> Tuple[str, int]:
+    """'host:port' -> (host, port); the error names the address and where it came from."""
+    at = f" ({where})" if where else ""
+    if not isinstance(address, str) or ":" not in address:
+        raise ClusterSpecError(f"bad address {address!r}{at}: expected 'host:port', e.g. 'localhost:2222'")
+    host, _, port = address.rpartition(":")
+    if not host:
+        raise ClusterSpecError(f"bad address {address!r}{at}: the host is empty; expected 'host:port'")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ClusterSpecError(f"bad port {port!r} in address {address!r}{at}: expected an integer in 1..65535")
+    return host.strip("[]") if host.startswith("[") else host, int(port)
+
+
+def _same_place(host: str) -> str:
+    return _LOCAL_NAMES.get(host.lower(), host.lower())
+
+
+def _ordered_jobs(jobs: Iterable[str]) -> List[str]:
+    jobs = list(jobs)
+    known = [j for j in JOB_ORDER if j in jobs]
+    return known + sorted(j for j in jobs if j not in JOB_ORDER)
+
+
+class ClusterSpec:
+    """The jobs of a cluster and the `host:port` of each task, validated on construction."""
+
+    def __init__(self, cluster: ClusterLike):
+        if isinstance(cluster, ClusterSpec):
+            cluster = cluster.as_dict()
+        if not isinstance(cluster, Mapping):
+            raise ClusterSpecError(
+                f"a cluster is a dict of job name -> list of 'host:port', got {type(cluster).__name__} {cluster!r}"
+            )
+        if not cluster:
+            raise ClusterSpecError("the cluster has no jobs; expected e.g. {'ps': ['localhost:2222'], 'worker': [...]}")
+        jobs: Dict[str, List[str]] = {}
+        for job, tasks in cluster.items():
+            if not isinstance(job, str) or not _JOB_NAME.match(job):
+                raise ClusterSpecError(
+                    f"bad job name {job!r}: expected a letter followed by letters, digits, '_' or '-'"
+                )
+            jobs[job] = self._task_list(job, tasks)
+        self._jobs = {job: jobs[job] for job in _ordered_jobs(jobs)}
+        seen: Dict[Tuple[str, int], str] = {}
+        for job, i, address in self._iter():
+            where = f"/job:{job}/task:{i}"
+            host, port = split_address(address, where)
+            key = (_same_place(host), port)
+            if key in seen:
+                raise ClusterSpecError(
+                    f"address {address!r} is given to both {seen[key]} and {where}; every task needs its own host:port"
+                )
+            seen[key] = where
+
+    @staticmethod
+    def _task_list(job: str, tasks) -> List[str]:
+        if isinstance(tasks, str):
+            tasks = [t for t in tasks.split(",") if t.strip()]
+        if isinstance(tasks, Mapping):  # TF's sparse form {index: address}; towerflow needs 0..n-1
+            indices = sorted(tasks)
+            if indices != list(range(len(indices))):
+                raise ClusterSpecError(
+                    f"job {job!r} has task indices {indices}; towerflow needs them to be 0..{len(indices) - 1} "
+                    "with none missing"
+                )
+            tasks = [tasks[i] for i in indices]
+        if not isinstance(tasks, (list, tuple)):
+            raise ClusterSpecError(f"job {job!r}: expected a list of 'host:port', got {type(tasks).__name__} {tasks!r}")
+        if not tasks:
+            raise ClusterSpecError(f"job {job!r} has no tasks; give it at least one 'host:port' or leave the job out")
+        return [t.strip() if isinstance(t, str) else t for t in tasks]
+
+    def _iter(self):
+        for job, tasks in self._jobs.items():
+            for i, address in enumerate(tasks):
+                yield job, i, address
+
+    # --- construction from the formats people use -------------------------------------------
+
+    @classmethod
+    def from_json(cls, path: str) -> "ClusterSpec":
+        """A JSON file holding the cluster dict, or a whole TF_CONFIG (its "cluster" part is used)."""
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except OSError as e:
+            raise ClusterSpecError(f"cannot read cluster file {path!r}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ClusterSpecError(f"cluster file {path!r} is not valid JSON: {e}") from None
+        if isinstance(data, dict) and isinstance(data.get("cluster"), dict):
+            data = data["cluster"]
+        return cls(data)
+
+    @classmethod
+    def from_flags(cls, argv: Optional[Sequence[str]] = None) -> "ClusterSpec":
+        """The seeds' flags: `--ps_hosts a:1,b:2 --worker_hosts c:3 [--chief_hosts d:4]` (rest ignored)."""
+        spec, _, _ = parse_flags(argv)
+        if spec is None:
+            raise ClusterSpecError("no --ps_hosts / --worker_hosts / --chief_hosts flags found")
+        return spec
+
+    @classmethod
+    def from_tf_config(cls, tf_config: Optional[str] = None) -> "ClusterSpec":
+        """The "cluster" part of TF_CONFIG (the environment variable when no text is given)."""
+        text = os.environ.get("TF_CONFIG", "") if tf_config is None else tf_config
+        return cls(parse_tf_config(text)[0])
+
+    @classmethod
+    def from_torchrun(cls, env: Optional[Mapping[str, str]] = None) -> "ClusterSpec":
+        """A worker-only cluster from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
+
+        torchrun does not say where the other ranks live, so worker i is named
+        MASTER_ADDR:MASTER_PORT+1+i; only worker 0's address is listened on (it coordinates),
+        the other workers do not hold their named address when it is not on their host.
+        """
+        env = os.environ if env is None else env
+        missing = [k for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+        if missing:
+            raise ClusterSpecError(f"torchrun variables missing: {', '.join(missing)} (set by torchrun for each rank)")
+        size, port = env["WORLD_SIZE"], env["MASTER_PORT"]
+        if not size.isdigit() or int(size) < 1:
+            raise ClusterSpecError(f"bad WORLD_SIZE {size!r}: expected a positive integer")
+        if not port.isdigit() or not 1 <= int(port) <= 65535 - int(size) - 1:
+            raise ClusterSpecError(f"bad MASTER_PORT {port!r}: expected an integer port with room for {size} more above it")
+        return cls({"worker": [f"{env['MASTER_ADDR']}:{int(port) + 1 + i}" for i in range(int(size))]})
+
+    # --- TF's methods ------------------------------------------------------------------------
+
+    @property
+    def jobs(self) -> List[str]:
+        """Job names, chief first, as TF lists them."""
+        return list(self._jobs)
+
+    def _check_job(self, job: str) -> List[str]:
+        if job not in self._jobs:
+            raise ClusterSpecError(
+                f"unknown job name {job!r}; this cluster has jobs {', '.join(map(repr, self._jobs))}."
+                f"{did_you_mean(str(job), self._jobs)}"
+            )
+        return self._jobs[job]
+
+    def num_tasks(self, job_name: str) -> int:
+        return len(self._check_job(job_name))
+
+    def task_indices(self, job_name: str) -> List[int]:
+        return list(range(self.num_tasks(job_name)))
+
+    def task_address(self, job_name: str, task_index: int) -> str:
+        tasks = self._check_job(job_name)
+        if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < len(tasks):
+            raise ClusterSpecError(
+                f"task index {task_index!r} is out of range for job {job_name!r}, which has {len(tasks)} "
+                f"task{'s' if len(tasks) != 1 else ''} (0..{len(tasks) - 1})"
+            )
+        return tasks[task_index]
+
+    def job_tasks(self, job_name: str) -> List[str]:
+        return list(self._check_job(job_name))
+
+    def as_dict(self) -> Dict[str, List[str]]:
+        return {job: list(tasks) for job, tasks in self._jobs.items()}
+
+    # --- towerflow's additions ---------------------------------------------------------------
+
+    def tasks(self) -> List[DeviceSpec]:
+        """Every task as `/job:x/replica:0/task:i`, in rank order (chief, workers, ps, others)."""
+        return [DeviceSpec(job=job, replica=0, task=i) for job, i, _ in self._iter()]
+
+    def rank_of(self, job_name: str, task_index: int) -> int:
+        self.task_address(job_name, task_index)
+        return [(t.job, t.task) for t in self.tasks()].index((job_name, task_index))
+
+    def replicas(self) -> List[DeviceSpec]:
+        """The training replicas: chief (or master) then workers; their order is the process-group rank."""
+        return [t for t in self.tasks() if t.job in ("chief", "master", "worker")]
+
+    def coordinator(self) -> DeviceSpec:
+        """The task that hosts the rendezvous store: the first in rank order."""
+        return self.tasks()[0]
+
+    def fingerprint(self) -> str:
+        """A short hash that is equal for equal specs; tasks compare it when they join."""
+        canon = json.dumps({j: [_normal(a) for a in t] for j, t in self._jobs.items()}, sort_keys=True)
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClusterSpec) and self.fingerprint() == other.fingerprint()
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    def __bool__(self) -> bool:
+        return bool(self._jobs)
+
+    def __repr__(self) -> str:
+        return f"ClusterSpec({self.as_dict()!r})"
+
+
+def _normal(address: str) -> str:
+    host, port = split_address(address)
+    return f"{_same_place(host)}:{port}"
+
+
+def parse_tf_config(text: str) -> Tuple[Dict, Optional[str], Optional[int]]:
+    """TF_CONFIG text -> (cluster dict, task type, task index); errors quote the bad part."""
+    if not text or not text.strip():
+        raise ClusterSpecError("TF_CONFIG is empty; expected {\"cluster\": {...}, \"task\": {\"type\": ..., \"index\": ...}}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClusterSpecError(f"TF_CONFIG is not valid JSON ({e}): {text[:200]!r}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cluster"), dict):
+        raise ClusterSpecError(f"TF_CONFIG has no \"cluster\" dict: {text[:200]!r}")
+    task = data.get("task") or {}
+    if not isinstance(task, dict):
+        raise ClusterSpecError(f"TF_CONFIG's \"task\" must be a dict like {{\"type\": \"worker\", \"index\": 0}}, got {task!r}")
+    index = task.get("index", 0 if task.get("type") else None)
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+        if isinstance(index, str) and index.isdigit():
+            index = int(index)
+        else:
+            raise ClusterSpecError(f"TF_CONFIG task index {index!r} is not a non-negative integer")
+    return data["cluster"], task.get("type"), index
+
+
+def _flag_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_index"):
+        p.add_argument(f"--{name}", f"-{name}", f"--{name.replace('_', '-')}", dest=name)
+    return p
+
+
+def parse_flags(argv: Optional[Sequence[str]] = None) -> Tuple[Optional[ClusterSpec], Optional[str], Optional[int]]:
+    """The seeds' flags in argv -> (spec or None, job_name or None, task_index or None); others ignored."""
+    import sys
+
+    args, _ = _flag_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    cluster = {}
+    for job in ("chief", "ps", "worker"):
+        hosts = getattr(args, f"{job}_hosts")
+        if hosts is not None:
+            cluster[job] = [h for h in hosts.split(",") if h.strip()]
+    index = args.task_index
+    if index is not None:
+        if not str(index).isdigit():
+            raise ClusterSpecError(f"bad --task_index {index!r}: expected a non-negative integer")
+        index = int(index)
+    return (ClusterSpec(cluster) if cluster else None), args.job_name, index

@@ -1,0 +1,134 @@
+"""The only code that talks to torch.distributed for the cluster: the rendezvous store and RPC.
+
+Choice (measured in benchmarks/transport.py, numbers in docs/benchmarks.md): remote calls go
+through torch.distributed.rpc on TensorPipe. It matches c10d send/recv over gloo on large
+tensors, gives request/response with Python callables for free, and its dynamic groups
+(no world_size) let a task leave and a new one join, which the fault-tolerance work needs.
+The rendezvous is a c10d TCPStore hosted by the coordinator task at its cluster address.
+Swap this module to change either; nothing else imports torch.distributed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from towerflow.errors import ClusterJoinError
+
+Store = dist.Store
+
+
+def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at host:port (a cheap check before a store connect)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Hold host:port for this task: a listening socket bound to that address only (loopback stays loopback).
+
+    Raises OSError: EADDRINUSE when the port is taken, EADDRNOTAVAIL when host is not this machine.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; a live listener still refuses
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def host_store(sock: socket.socket, timeout: float) -> dist.TCPStore:
+    """Serve the rendezvous store on a socket from `listen()` (TCPStore alone would bind every interface)."""
+    host, port = sock.getsockname()[:2]
+    return dist.TCPStore(
+        host,
+        port,
+        None,
+        True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+        use_libuv=True,
+    )
+
+
+def connect_store(host: str, port: int, timeout: float, answer_within: float = 10.0) -> dist.TCPStore:
+    """Connect to a coordinator's store that is known to be listening.
+
+    A TCPStore client waits forever on a port that accepts but never answers (another
+    program), so the connect runs in a helper thread and gives up after `answer_within` s.
+    """
+    out: Dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            out["store"] = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
+        except Exception as e:  # handed to the caller below
+            out["error"] = e
+
+    t = threading.Thread(target=connect, name="towerflow-store-connect", daemon=True)
+    t.start()
+    t.join(answer_within)
+    if t.is_alive():
+        raise ClusterJoinError(
+            f"something at {host}:{port} accepts connections but does not answer as a towerflow coordinator "
+            "(another program on that port?). Free the port or change the cluster spec."
+        )
+    if "error" in out:
+        raise out["error"]
+    return out["store"]
+
+
+def prefix_store(prefix: str, store: Store) -> Store:
+    return dist.PrefixStore(prefix, store)
+
+
+def start_rpc(store: Store, name: str, rank: int, timeout: float, num_threads: int = 16) -> None:
+    """Join the RPC group as `name`; dynamic membership (no world size) so tasks may come and go."""
+    import torch.distributed.autograd as dist_autograd
+    from torch.distributed import rpc
+    from torch.distributed.rpc.backend_registry import BackendType
+
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=timeout, num_worker_threads=num_threads)
+    dist_autograd._init(rank)  # init_rpc does this too; the agent refuses to start without it
+    rpc._init_rpc_backend(BackendType.TENSORPIPE, prefix_store("rpc", store), name, rank, None, options)
+
+
+def stop_rpc(graceful: bool = True) -> None:
+    """Leave the RPC group (graceful: tell the others first) and stop the agent."""
+    from torch.distributed import rpc
+
+    if is_rpc_running():
+        rpc.shutdown(graceful=graceful)
+
+
+def is_rpc_running() -> bool:
+    from torch.distributed.rpc import api
+
+    return api._is_current_rpc_agent_set()
+
+
+def peers() -> Tuple[str, ...]:
+    """Names of the tasks this task can currently reach by RPC."""
+    from torch.distributed import rpc
+
+    return tuple(w.name for w in rpc._get_current_rpc_agent().get_worker_infos())
+
+
+def call_async(to: str, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, timeout: float = -1) -> torch.futures.Future:
+    """Run fn(*args, **kwargs) on task `to`; tensors in args and the result travel as tensors."""
+    from torch.distributed import rpc
+
+    return rpc.rpc_async(to, fn, args=args, kwargs=kwargs or {}, timeout=timeout)

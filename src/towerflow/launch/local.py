@@ -1,0 +1,141 @@
+"""The embedded local cluster: every task of a cluster on this machine, on loopback, with free ports.
+
+`plan_local()` decides the cluster and each task's environment; `plan_one()` does the same
+for one task of a multi-host cluster (`--cluster FILE --job_name J --task_index I`). Both
+hand their plans to the Supervisor, so one script works under either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import socket
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from towerflow.cluster import environment as _env
+from towerflow.cluster.spec import ClusterSpec, split_address
+from towerflow.devices.spec import DeviceSpec
+from towerflow.errors import DeviceSpecError, LaunchError
+from towerflow.launch.supervisor import TaskProcessSpec
+
+LOOPBACK = "127.0.0.1"
+MASTER_PORT_OFFSET = 10000  # multi-host: the replicas' process group meets at the first replica's port + this
+
+
+@dataclasses.dataclass
+class LaunchPlan:
+    """The cluster a launch runs and the processes of this machine."""
+
+    cluster: ClusterSpec
+    tasks: List[TaskProcessSpec]
+
+
+def free_ports(n: int, host: str = LOOPBACK) -> List[int]:
+    """n distinct free ports: all bound at once (port 0) so none repeats, then released."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def command_for(script: str, args: Sequence[str]) -> List[str]:
+    """A .py file runs under this interpreter; anything else runs as a program."""
+    if script.endswith(".py") or (os.path.isfile(script) and not os.access(script, os.X_OK)):
+        if not os.path.isfile(script):
+            raise LaunchError(f"script {script!r} not found (cwd {os.getcwd()!r})")
+        return [sys.executable, script, *args]
+    return [script, *args]
+
+
+def parse_devices(devices: str) -> List[str]:
+    """'gpu:0,gpu:1' -> ['/device:GPU:0', '/device:GPU:1'] (the one device parser; errors name the item)."""
+    out = []
+    for item in [d.strip() for d in devices.split(",") if d.strip()]:
+        try:
+            spec = DeviceSpec.parse(item)
+        except DeviceSpecError as e:
+            raise LaunchError(f"--devices: {e}") from None
+        if spec.device_type is None or spec.job is not None or spec.task is not None:
+            raise LaunchError(f"--devices item {item!r} is not a local device like 'gpu:0' or 'cpu:0'")
+        out.append(spec.replace(device_index=spec.device_index or 0).device_name)
+    if not out:
+        raise LaunchError(f"--devices {devices!r} names no device; expected e.g. 'gpu:0,gpu:1'")
+    if len(set(out)) != len(out):
+        raise LaunchError(f"--devices {devices!r} names a device twice")
+    return out
+
+
+def plan_local(
+    script_argv: List[str],
+    ps: int = 0,
+    workers: Optional[int] = None,
+    chief: bool = False,
+    devices: Optional[str] = None,
+    nproc: Optional[int] = None,
+    logdir: Optional[str] = None,
+    token: Optional[str] = None,
+) -> LaunchPlan:
+    """The whole cluster on this machine: chief, workers (one per device with --devices/--nproc), ps."""
+    device_list: List[Optional[str]] = []
+    if devices and nproc:
+        raise LaunchError("--devices and --nproc both say how many workers to start; give one of them")
+    if devices:
+        device_list = list(parse_devices(devices))
+    elif nproc:
+        device_list = ["/device:CPU:0"] * nproc
+    if device_list and workers is not None and workers != len(device_list):
+        raise LaunchError(
+            f"--workers {workers} disagrees with {len(device_list)} device(s) from --devices/--nproc; drop --workers"
+        )
+    n_workers = len(device_list) if device_list else (1 if workers is None else workers)
+    for flag, value in (("--ps", ps), ("--workers", n_workers)):
+        if value < 0:
+            raise LaunchError(f"{flag} {value} must be >= 0")
+    if n_workers == 0 and not chief:
+        raise LaunchError("a cluster needs a chief or at least one worker: add --workers N or --chief")
+    counts = {"chief": int(chief), "worker": n_workers, "ps": ps}
+    ports = free_ports(sum(counts.values()) + 1)
+    master_port = ports.pop()
+    cluster = ClusterSpec({job: [f"{LOOPBACK}:{ports.pop(0)}" for _ in range(n)] for job, n in counts.items() if n})
+    token = token or os.environ.get(_env.ENV_CLUSTER_TOKEN) or secrets.token_hex(16)
+    tasks = []
+    for t in cluster.tasks():
+        device = device_list[t.task] if t.job == "worker" and device_list else None
+        local_rank = t.task if t.job == "worker" else 0
+        env = _env.task_environment(
+            cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port, local_rank=local_rank,
+            logdir=logdir, device=device, token=token,
+        )
+        tasks.append(TaskProcessSpec(t.job, t.task, list(script_argv), env))
+    return LaunchPlan(cluster, tasks)
+
+
+def plan_one(
+    script_argv: List[str],
+    cluster_file: str,
+    job_name: str,
+    task_index: int,
+    logdir: Optional[str] = None,
+    master_port: Optional[int] = None,
+) -> LaunchPlan:
+    """One task of a multi-host cluster; the token comes from this host's environment, if any."""
+    cluster = ClusterSpec.from_json(cluster_file)
+    cluster.task_address(job_name, task_index)
+    replicas = cluster.replicas()
+    first = replicas[0] if replicas else cluster.tasks()[0]
+    host, port = split_address(cluster.task_address(first.job, first.task))
+    if master_port is None:
+        master_port = port + MASTER_PORT_OFFSET if port + MASTER_PORT_OFFSET <= 65535 else port - MASTER_PORT_OFFSET
+    local_rank = 0
+    env = _env.task_environment(
+        cluster, job_name, task_index, master_addr=host, master_port=master_port, local_rank=local_rank, logdir=logdir
+    )
+    return LaunchPlan(cluster, [TaskProcessSpec(job_name, task_index, list(script_argv), env)])

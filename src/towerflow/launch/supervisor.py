@@ -1,0 +1,214 @@
+"""Run the task processes of one machine: prefix their output, stop them all when one fails.
+
+Each task runs in its own session (so Ctrl-C reaches the launcher, which then stops every
+task, and a task's own children are stopped with it) and, on Linux, dies with the launcher
+(PR_SET_PDEATHSIG), so no process outlives a launch.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Deque, Dict, List, Optional, Sequence, TextIO
+
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+_TAIL_LINES = 20
+
+try:
+    _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+except OSError:  # pragma: no cover
+    _libc = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _libc is not None:
+        _libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclasses.dataclass
+class TaskProcessSpec:
+    """What to run for one task and the variables it gets on top of the launcher's environment."""
+
+    job: str
+    index: int
+    argv: List[str]
+    env: Dict[str, str]
+
+    @property
+    def label(self) -> str:
+        return f"{self.job}:{self.index}"
+
+    @property
+    def name(self) -> str:
+        return f"/job:{self.job}/task:{self.index}"
+
+
+class _Running:
+    def __init__(self, spec: TaskProcessSpec, restarts: int, out: TextIO, err: TextIO, lock: threading.Lock):
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        self.spec = spec
+        self.restarts = restarts
+        self.tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.proc = subprocess.Popen(
+            spec.argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if _libc is not None else None,
+        )
+        self.threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, out, lock, False), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, err, lock, True), daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _pump(self, stream, sink: TextIO, lock: threading.Lock, keep: bool) -> None:
+        prefix = f"[{self.spec.label}] "
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            if keep:
+                self.tail.append(line)
+            with lock:
+                sink.write(prefix + line + "\n")
+                sink.flush()
+        stream.close()
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def finish_output(self, timeout: float = 2.0) -> None:
+        for t in self.threads:
+            t.join(timeout)
+
+
+@dataclasses.dataclass
+class TaskFailure:
+    """The first task that failed: what a user needs to find the root cause."""
+
+    name: str
+    pid: int
+    host: str
+    exit_code: int
+    stderr_tail: List[str]
+
+    def describe(self) -> str:
+        how = f"was killed by signal {-self.exit_code}" if self.exit_code < 0 else f"exited with code {self.exit_code}"
+        text = f"{self.name} (pid {self.pid} on {self.host}) failed first: it {how}."
+        if self.stderr_tail:
+            text += "\nLast lines of its stderr:\n  " + "\n  ".join(self.stderr_tail)
+        return text
+
+
+class Supervisor:
+    """Start the tasks, wait for them all, and on the first failure (after restarts) stop the rest."""
+
+    def __init__(
+        self,
+        tasks: Sequence[TaskProcessSpec],
+        max_restarts: int = 0,
+        out: Optional[TextIO] = None,
+        err: Optional[TextIO] = None,
+    ):
+        self.tasks = list(tasks)
+        self.max_restarts = max_restarts
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.failure: Optional[TaskFailure] = None
+        self._lock = threading.Lock()
+        self._running: List[_Running] = []
+
+    def _say(self, text: str) -> None:
+        with self._lock:
+            self.err.write(f"towerflow launch: {text}\n")
+            self.err.flush()
+
+    def run(self) -> int:
+        """Exit code: 0 when every task exited 0; the failed task's code (or 128+signal); 130 on Ctrl-C."""
+        previous = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._running = [_Running(t, 0, self.out, self.err, self._lock) for t in self.tasks]
+            return self._watch()
+        except KeyboardInterrupt:
+            self._say("interrupted; stopping every task")
+            self.stop_all()
+            return 130
+        finally:
+            self.stop_all()
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
+
+    def _watch(self) -> int:
+        while True:
+            pending = 0
+            for i, r in enumerate(self._running):
+                code = r.proc.poll()
+                if code is None:
+                    pending += 1
+                    continue
+                if code == 0:
+                    continue
+                r.finish_output()
+                if r.restarts < self.max_restarts:
+                    self._say(
+                        f"{r.spec.name} exited with code {code}; restarting it ({r.restarts + 1} of {self.max_restarts})"
+                    )
+                    env = {**r.spec.env, "TOWERFLOW_RESTART_COUNT": str(r.restarts + 1)}
+                    spec = dataclasses.replace(r.spec, env=env)
+                    self._running[i] = _Running(spec, r.restarts + 1, self.out, self.err, self._lock)
+                    pending += 1
+                    continue
+                self.failure = TaskFailure(r.spec.name, r.proc.pid, socket.gethostname(), code, list(r.tail))
+                others = [o for o in self._running if o is not r and o.proc.poll() is None]
+                self.stop_all()
+                self._say(
+                    self.failure.describe() + f"\nStopped the other {len(others)} running task(s)."
+                    if others
+                    else self.failure.describe()
+                )
+                return code if 0 < code < 256 else 128 + (-code if code < 0 else 1)
+            if pending == 0:
+                for r in self._running:
+                    r.finish_output()
+                return 0
+            time.sleep(0.05)
+
+    def stop_all(self) -> None:
+        """SIGTERM every task's process group, SIGKILL what is left after STOP_GRACE_S; waits for all."""
+        alive = [r for r in self._running if r.proc.poll() is None]
+        for r in alive:
+            r.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for r in alive:
+            try:
+                r.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for r in self._running:
+            r.signal_group(signal.SIGKILL)  # also reaps anything the task left in its group
+            if r.proc.poll() is None:
+                r.proc.kill()
+            try:
+                r.proc.wait(5)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+            r.finish_output(0.5)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
