@@ -9,7 +9,16 @@ from towerflow.devices import (
     is_gpu_available,
     list_devices,
 )
+from towerflow.errors import (
+    ClusterError,
+    ClusterJoinError,
+    ClusterSpecError,
+    ClusterTimeoutError,
+    LaunchError,
+    RemoteError,
+)
 from towerflow.errors import ConfigError, DataError, DeviceSpecError, PlacementError, StrategyError, TowerflowError
+from towerflow.cluster import ClusterSpec, RemoteFuture, Server, function, remote
 from towerflow.placement import OpInfo, PlacementLog, PlacementRecord, device, placement_log
 from towerflow.strategies import (
     MirroredStrategy,
@@ -23,6 +32,17 @@ from towerflow.training import Progress, evaluate, set_seed, train_step
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClusterError",
+    "ClusterJoinError",
+    "ClusterSpec",
+    "ClusterSpecError",
+    "ClusterTimeoutError",
+    "LaunchError",
+    "RemoteError",
+    "RemoteFuture",
+    "Server",
+    "function",
+    "remote",
     "train_step",
     "strategy_from_env",
     "set_seed",

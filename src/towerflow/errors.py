@@ -49,6 +49,52 @@ class DataError(TowerflowError, ValueError):
     """Raised when a dataset path, file format or sharding request is invalid."""
 
 
+class ClusterError(TowerflowError, RuntimeError):
+    """Raised when a cluster cannot be formed or used: bad spec, missing task, refused join, failed call."""
+
+    def __init__(self, message: str, task: Optional[str] = None):
+        super().__init__(message)
+        self.task = task  # the task the error is about, e.g. '/job:worker/task:1', when there is one
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.task))
+
+
+class ClusterSpecError(ClusterError, ValueError):
+    """Raised when a cluster description (dict, JSON, flags, TF_CONFIG, torchrun variables) is invalid."""
+
+
+class ClusterTimeoutError(ClusterError, TimeoutError):
+    """Raised when the tasks of a cluster did not all come up within the join timeout."""
+
+    def __init__(self, message: str, task: Optional[str] = None, missing: Sequence[str] = ()):
+        super().__init__(message, task)
+        self.missing = tuple(missing)  # the tasks that never came up, as '/job:x/task:i'
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.task, self.missing))
+
+
+class ClusterJoinError(ClusterError):
+    """Raised when a task is refused by the cluster: port in use, slot taken, spec or token mismatch."""
+
+
+class RemoteError(ClusterError):
+    """Raised when a remote call failed with an exception that could not be sent back as itself."""
+
+    def __init__(self, message: str, task: Optional[str] = None, remote_type: Optional[str] = None, remote_traceback: str = ""):
+        super().__init__(message, task)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.task, self.remote_type, self.remote_traceback))
+
+
+class LaunchError(TowerflowError, RuntimeError):
+    """Raised when `towerflow launch` gets flags that cannot describe a cluster, or a task fails."""
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """A ' Did you mean ...?' suffix for an unknown name, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
