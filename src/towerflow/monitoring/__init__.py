@@ -1,0 +1,1 @@
+"""Monitoring: GPU and host statistics (`towerflow smi`), and views of running jobs."""
