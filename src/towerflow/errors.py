@@ -95,6 +95,14 @@ class LaunchError(TowerflowError, RuntimeError):
     """Raised when `towerflow launch` gets flags that cannot describe a cluster, or a task fails."""
 
 
+class ParameterServerError(StrategyError):
+    """Raised when parameter-server training cannot start or go on: bad mode, optimizer, or a ps that is not ready."""
+
+
+class LayoutError(ParameterServerError, ValueError):
+    """Raised when variables cannot be placed on ps tasks as asked (bad placement, partition or shape)."""
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """A ' Did you mean ...?' suffix for an unknown name, or '' when nothing is close."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
