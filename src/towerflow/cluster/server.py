@@ -199,7 +199,8 @@ class Server:
             self._sock = _transport.listen(self._bind_host(host), port)
         except OSError as e:
             raise self._bind_error(e, port_taken_by=None) from None
-        self._store = _transport.prefix_store("towerflow", _transport.host_store(self._sock, self.join_timeout))
+        sock, self._sock = self._sock, None  # handed over: the store closes it
+        self._store = _transport.prefix_store("towerflow", _transport.host_store(sock, self.join_timeout))
         self._nonce = secrets.token_hex(16)
         self._store.set(
             "coordinator",

@@ -52,7 +52,7 @@ def listen(host: str, port: int) -> socket.socket:
 def host_store(sock: socket.socket, timeout: float) -> dist.TCPStore:
     """Serve the rendezvous store on a socket from `listen()` (TCPStore alone would bind every interface)."""
     host, port = sock.getsockname()[:2]
-    return dist.TCPStore(
+    store = dist.TCPStore(
         host,
         port,
         None,
@@ -62,6 +62,8 @@ def host_store(sock: socket.socket, timeout: float) -> dist.TCPStore:
         master_listen_fd=sock.fileno(),
         use_libuv=True,
     )
+    sock.detach()  # the store owns the descriptor now and closes it when it goes
+    return store
 
 
 def connect_store(host: str, port: int, timeout: float, answer_within: float = 10.0) -> dist.TCPStore:

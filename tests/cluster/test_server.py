@@ -1,0 +1,25 @@
+"""A real cluster on loopback: 1 ps + 2 workers come up in any order, run remote calls, shut down."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _cluster_procs import free_ports
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
+
+
+def test_cluster_runs_remote_calls_and_shuts_down_in_any_start_order(procs):
+    ps, w0, w1 = free_ports(3)
+    cluster = json.dumps({"ps": [f"localhost:{ps}"], "worker": [f"localhost:{w0}", f"localhost:{w1}"]})
+    # workers first, the ps last: start order must not matter
+    tasks = [procs.python("_cluster_task.py", cluster, job, str(i), label=f"{job}{i}") for job, i in (("worker", 1), ("worker", 0), ("ps", 0))]
+    codes = [t.wait(75) for t in tasks]
+    assert codes == [0, 0, 0], procs.describe()
+    client = tasks[1].out
+    for check in ("values", "tensors", "device part", "remote exception", "placement log"):
+        assert f"CHECK {check} ok" in client, procs.describe()
+    assert all("DONE" in t.out for t in tasks)
+    assert not any(t.group_alive() for t in tasks), "a task left a process behind"
