@@ -16,6 +16,7 @@ import datetime
 import os
 import sys
 import traceback
+import warnings
 from typing import Any, Optional, Sequence
 
 import torch
@@ -61,6 +62,13 @@ class MirroredStrategy(Strategy):
         if env.is_distributed:
             self._init_group(timeout_s)
             _install_failure_report(env)
+        elif devices is None and device.type == "cuda" and torch.cuda.device_count() > 1:
+            warnings.warn(
+                f"{type(self).__name__} in a single process trains on {device_name} only, not on all "
+                f"{torch.cuda.device_count()} GPUs: start one process per device with "
+                f"`towerflow launch --nproc {torch.cuda.device_count()} script.py` (or torchrun)",
+                stacklevel=2,
+            )
 
     # ---- construction
     def _read_env(self) -> ReplicaEnv:
