@@ -67,16 +67,18 @@ class ClusterSpec:
                 )
             jobs[job] = self._task_list(job, tasks)
         self._jobs = {job: jobs[job] for job in _ordered_jobs(jobs)}
-        seen: Dict[Tuple[str, int], str] = {}
+        seen: Dict[Tuple[str, int], Tuple[str, str]] = {}
         for job, i, address in self._iter():
             where = f"/job:{job}/task:{i}"
             host, port = split_address(address, where)
             key = (_same_place(host), port)
             if key in seen:
+                first, first_address = seen[key]
+                same = f"address {address!r}" if first_address == address else f"addresses {first_address!r} and {address!r} (the same place)"
                 raise ClusterSpecError(
-                    f"address {address!r} is given to both {seen[key]} and {where}; every task needs its own host:port"
+                    f"duplicate address: {same} given to both {first} and {where}; every task needs its own host:port"
                 )
-            seen[key] = where
+            seen[key] = (where, address)
 
     @staticmethod
     def _task_list(job: str, tasks) -> List[str]:

@@ -1,0 +1,120 @@
+"""ClusterSpec from every format, TF's methods, and an error naming the bad entry for every bad input."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+
+from towerflow import ClusterSpec, ClusterSpecError
+from towerflow.cluster.spec import parse_flags
+
+CLUSTER = {"ps": ["localhost:2222"], "worker": ["localhost:2223", "localhost:2224"]}
+
+
+def test_from_dict_has_tf_methods():
+    c = ClusterSpec(CLUSTER)
+    assert c.jobs == ["worker", "ps"]  # rank order: chief, workers, ps
+    assert c.num_tasks("worker") == 2 and c.num_tasks("ps") == 1
+    assert c.task_address("worker", 1) == "localhost:2224"
+    assert c.task_indices("worker") == [0, 1]
+    assert c.as_dict() == {"worker": ["localhost:2223", "localhost:2224"], "ps": ["localhost:2222"]}
+    assert [str(t) for t in c.tasks()] == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1", "/job:ps/replica:0/task:0"]
+    assert ClusterSpec(c) == c and ClusterSpec({"worker": "localhost:2223,localhost:2224", "ps": ["localhost:2222"]}) == c
+
+
+def test_chief_comes_first_and_replicas_exclude_ps():
+    c = ClusterSpec({"ps": ["h:1"], "worker": ["h:2"], "chief": ["h:3"]})
+    assert str(c.coordinator()) == "/job:chief/replica:0/task:0"
+    assert [t.job for t in c.replicas()] == ["chief", "worker"]
+
+
+def test_sparse_dict_form_with_contiguous_indices():
+    assert ClusterSpec({"worker": {1: "h:2", 0: "h:1"}}).job_tasks("worker") == ["h:1", "h:2"]
+
+
+def test_from_json_file_plain_and_tf_config(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps(CLUSTER))
+    (tmp_path / "tf.json").write_text(json.dumps({"cluster": CLUSTER, "task": {"type": "ps", "index": 0}}))
+    assert ClusterSpec.from_json(str(tmp_path / "c.json")) == ClusterSpec(CLUSTER)
+    assert ClusterSpec.from_json(str(tmp_path / "tf.json")) == ClusterSpec(CLUSTER)
+
+
+def test_from_seed_flags():
+    argv = "--ps_hosts=localhost:2222 --worker_hosts=localhost:2223,localhost:2224 --job_name=worker -task_index=1 --other x".split()
+    spec, job, index = parse_flags(argv)
+    assert spec == ClusterSpec(CLUSTER) and job == "worker" and index == 1
+    assert ClusterSpec.from_flags(["--ps_hosts", "localhost:2222", "--worker-hosts", "localhost:2223,localhost:2224"]) == ClusterSpec(CLUSTER)
+
+
+def test_from_tf_config():
+    text = json.dumps({"cluster": CLUSTER, "task": {"type": "worker", "index": 0}})
+    assert ClusterSpec.from_tf_config(text) == ClusterSpec(CLUSTER)
+
+
+def test_from_torchrun_is_worker_only():
+    c = ClusterSpec.from_torchrun({"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert c.as_dict() == {"worker": ["10.0.0.1:29501", "10.0.0.1:29502", "10.0.0.1:29503"]}
+
+
+@pytest.mark.parametrize(
+    "cluster, message",
+    [
+        ({}, "the cluster has no jobs"),
+        ({"ps": []}, "job 'ps' has no tasks"),
+        ({"ps": ["localhost:2222"], "worker": ["127.0.0.1:2222"]}, "duplicate address: addresses '127.0.0.1:2222' and 'localhost:2222' \\(the same place\\) given to both /job:worker/task:0 and /job:ps/task:0"),
+        ({"worker": ["h:1", "h:1"]}, "duplicate address: address 'h:1' given to both /job:worker/task:0 and /job:worker/task:1"),
+        ({"worker": ["localhost:70000"]}, r"bad port '70000' in address 'localhost:70000' \(/job:worker/task:0\)"),
+        ({"worker": ["localhost:http"]}, "bad port 'http'"),
+        ({"worker": ["localhost"]}, "bad address 'localhost' \\(/job:worker/task:0\\): expected 'host:port'"),
+        ({"worker": [":2222"]}, "the host is empty"),
+        ({"1worker": ["h:1"]}, "bad job name '1worker'"),
+        ({"worker": {0: "h:1", 2: "h:2"}}, r"task indices \[0, 2\]"),
+        (["h:1"], "a cluster is a dict"),
+    ],
+)
+def test_bad_specs_name_the_bad_entry(cluster, message):
+    with pytest.raises(ClusterSpecError, match=message):
+        ClusterSpec(cluster)
+
+
+def test_unknown_job_and_index_out_of_range():
+    c = ClusterSpec(CLUSTER)
+    with pytest.raises(ClusterSpecError, match="unknown job name 'worke'.*Did you mean 'worker'"):
+        c.num_tasks("worke")
+    with pytest.raises(ClusterSpecError, match=r"task index 2 is out of range for job 'worker', which has 2 tasks \(0..1\)"):
+        c.task_address("worker", 2)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: ClusterSpec.from_tf_config("{not json"), "TF_CONFIG is not valid JSON"),
+        (lambda: ClusterSpec.from_tf_config('{"task": {}}'), 'TF_CONFIG has no "cluster" dict'),
+        (lambda: ClusterSpec.from_tf_config(""), "TF_CONFIG is empty"),
+        (lambda: ClusterSpec.from_torchrun({"WORLD_SIZE": "2"}), "torchrun variables missing: MASTER_ADDR, MASTER_PORT"),
+        (lambda: ClusterSpec.from_torchrun({"WORLD_SIZE": "two", "MASTER_ADDR": "h", "MASTER_PORT": "1"}), "bad WORLD_SIZE 'two'"),
+        (lambda: ClusterSpec.from_flags(["--job_name", "ps"]), "no --ps_hosts"),
+        (lambda: parse_flags(["--ps_hosts", "h:1", "--task_index", "x"]), "bad --task_index 'x'"),
+        (lambda: ClusterSpec.from_json("/nonexistent/cluster.json"), "cannot read cluster file '/nonexistent/cluster.json'"),
+    ],
+)
+def test_bad_inputs_in_every_format(call, message):
+    with pytest.raises(ClusterSpecError, match=message):
+        call()
+
+
+def test_bad_json_file(tmp_path):
+    (tmp_path / "c.json").write_text("{oops")
+    with pytest.raises(ClusterSpecError, match="is not valid JSON"):
+        ClusterSpec.from_json(str(tmp_path / "c.json"))
+
+
+def test_errors_survive_pickling():
+    from towerflow.errors import ClusterTimeoutError, RemoteError
+
+    e = pickle.loads(pickle.dumps(ClusterTimeoutError("late", task="/job:ps/task:0", missing=["/job:worker/task:1"])))
+    assert (str(e), e.task, e.missing) == ("late", "/job:ps/task:0", ("/job:worker/task:1",))
+    r = pickle.loads(pickle.dumps(RemoteError("boom", task="/job:ps/task:0", remote_type="KeyError", remote_traceback="tb")))
+    assert (r.task, r.remote_type, r.remote_traceback) == ("/job:ps/task:0", "KeyError", "tb")

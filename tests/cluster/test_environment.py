@@ -1,0 +1,68 @@
+"""The task environment: what the launcher writes is what a task reads back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from towerflow import ClusterSpec, ClusterSpecError
+from towerflow.cluster.environment import read_task, read_token, task_environment
+
+CLUSTER = ClusterSpec({"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]})
+
+
+def env_for(job, index, **kw):
+    return task_environment(CLUSTER, job, index, master_addr="h", master_port=9, **kw)
+
+
+def test_replicas_are_chief_then_workers_and_ps_has_no_rank():
+    assert [(env_for(j, i).get("RANK"), env_for(j, i)["WORLD_SIZE"]) for j, i in [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]] == [
+        ("0", "3"), ("1", "3"), ("2", "3"), (None, "3")
+    ]
+
+
+def test_written_environment_reads_back():
+    env = env_for("worker", 1, logdir="/tmp/x", device="/device:CPU:0", token="t")
+    assert json.loads(env["TF_CONFIG"]) == {"cluster": CLUSTER.as_dict(), "task": {"type": "worker", "index": 1}}
+    assert (env["TOWERFLOW_JOB_NAME"], env["TOWERFLOW_TASK_INDEX"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("worker", "1", "h", "9")
+    assert (env["TOWERFLOW_LOGDIR"], env["TOWERFLOW_DEVICE"], env["TOWERFLOW_CLUSTER_TOKEN"]) == ("/tmp/x", "/device:CPU:0", "t")
+    info = read_task(argv=[], env=env)
+    assert (info.cluster, info.job_name, info.task_index, info.source) == (CLUSTER, "worker", 1, "TF_CONFIG")
+
+
+def test_flags_win_over_the_environment():
+    info = read_task(argv=["--worker_hosts", "h:5,h:6", "--job_name", "worker", "--task_index", "1"], env=env_for("ps", 0))
+    assert (info.cluster.as_dict(), info.name, info.source) == ({"worker": ["h:5", "h:6"]}, "/job:worker/task:1", "flags")
+
+
+def test_torchrun_variables():
+    info = read_task(argv=[], env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    assert (info.name, info.source, info.cluster.num_tasks("worker")) == ("/job:worker/task:1", "torchrun", 2)
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        ([], {}, "not part of a cluster"),
+        (["--worker_hosts", "h:1"], {}, "without --job_name and --task_index"),
+        (["--worker_hosts", "h:1", "--job_name", "ps", "--task_index", "0"], {}, "unknown job name 'ps'"),
+        (["--worker_hosts", "h:1", "--job_name", "worker", "--task_index", "3"], {}, "task index 3 is out of range"),
+        ([], {"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:1"]}})}, "names a cluster but not this task"),
+        ([], {"RANK": "-1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "bad RANK '-1'"),
+    ],
+)
+def test_bad_task_environments(argv, env, message):
+    with pytest.raises(ClusterSpecError, match=message):
+        read_task(argv=argv, env=env)
+
+
+def test_token_sources(tmp_path):
+    (tmp_path / "t").write_text("from-file\n")
+    (tmp_path / "empty").write_text("")
+    assert read_token("explicit", env={"TOWERFLOW_CLUSTER_TOKEN": "env"}) == "explicit"
+    assert read_token(env={"TOWERFLOW_CLUSTER_TOKEN": "env"}) == "env"
+    assert read_token(env={"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "t")}) == "from-file"
+    assert read_token(env={}) is None
+    with pytest.raises(ClusterSpecError, match="is empty"):
+        read_token(env={"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "empty")})
