@@ -27,11 +27,16 @@ from towerflow.strategies import (
     Strategy,
     strategy_from_env,
 )
+from towerflow.session import CheckpointManager, MonitoredTrainingSession, SessionHook, StopAtStepHook
 from towerflow.training import Progress, evaluate, set_seed, train_step
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointManager",
+    "MonitoredTrainingSession",
+    "SessionHook",
+    "StopAtStepHook",
     "ClusterError",
     "ClusterJoinError",
     "ClusterSpec",

@@ -95,6 +95,23 @@ class LaunchError(TowerflowError, RuntimeError):
     """Raised when `towerflow launch` gets flags that cannot describe a cluster, or a task fails."""
 
 
+class CheckpointError(TowerflowError, RuntimeError):
+    """Raised when no usable checkpoint can be read or written."""
+
+
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """Raised when a checkpoint's tensors do not fit the model it is restored into."""
+
+    def __init__(self, message: str, missing: Sequence[str] = (), unexpected: Sequence[str] = (), mismatched: Sequence[str] = ()):
+        super().__init__(message)
+        self.missing = tuple(missing)  # in the model, not in the checkpoint
+        self.unexpected = tuple(unexpected)  # in the checkpoint, not in the model
+        self.mismatched = tuple(mismatched)  # in both, with different shapes or dtypes
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.missing, self.unexpected, self.mismatched))
+
+
 class ParameterServerError(StrategyError):
     """Raised when parameter-server training cannot start or go on: bad mode, optimizer, or a ps that is not ready."""
 

@@ -1,0 +1,77 @@
+"""`<logdir>/metrics.jsonl`: one JSON object per line, appended by every task of a job.
+
+The live view (`towerflow top`) and the plots (`towerflow report`) read only this file, so
+they work on a finished job, on another machine, or while the job runs. Each record is one
+`write()` of a whole line to a file opened for appending, so lines from concurrent tasks do
+not interleave on a local filesystem; a reader skips a torn last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+from towerflow import _files
+
+# Fields a record may carry; `time`, `task` and `step` are always there.
+FIELDS = (
+    "time", "task", "role", "device", "step", "loss", "steps_per_sec", "samples_per_sec",
+    "staleness", "bytes_pushed", "bytes_pulled", "device_memory_mib", "event",
+)
+
+
+class MetricsWriter:
+    """Appends records for one task; thread-safe; cheap enough to call every step."""
+
+    def __init__(self, logdir: str, task: str, role: Optional[str] = None, device: Optional[str] = None):
+        os.makedirs(logdir, exist_ok=True)
+        self.path = os.path.join(logdir, _files.METRICS_FILE)
+        self.task = task
+        self._static = {k: v for k, v in (("role", role), ("device", device)) if v is not None}
+        self._lock = threading.Lock()
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, step: int, **values: Any) -> None:
+        unknown = set(values) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown metrics fields {sorted(unknown)}; known: {', '.join(FIELDS)}")
+        record = {"time": round(time.time(), 3), "task": self.task, "step": int(step), **self._static}
+        record.update({k: v for k, v in values.items() if v is not None})
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(logdir_or_file: str) -> List[Dict[str, Any]]:
+    """Every complete record, in file order; a torn or foreign line is skipped."""
+    return list(iter_metrics(logdir_or_file))
+
+
+def iter_metrics(logdir_or_file: str) -> Iterator[Dict[str, Any]]:
+    path = logdir_or_file
+    if os.path.isdir(path):
+        path = os.path.join(path, _files.METRICS_FILE)
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                return  # the writer is mid-line
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "task" in record and "step" in record:
+                yield record

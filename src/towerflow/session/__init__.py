@@ -1,0 +1,27 @@
+"""The monitored training session: restore, hooks, checkpoints and metrics around a training loop."""
+
+from towerflow.session.checkpoint import CheckpointInfo, CheckpointManager, RestoredState
+from towerflow.session.hooks import (
+    CheckpointHook,
+    LoggingHook,
+    NanGuardHook,
+    NanLossError,
+    SessionHook,
+    StopAtStepHook,
+    SummaryHook,
+)
+from towerflow.session.monitored import MonitoredTrainingSession
+
+__all__ = [
+    "CheckpointHook",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "LoggingHook",
+    "MonitoredTrainingSession",
+    "NanGuardHook",
+    "NanLossError",
+    "RestoredState",
+    "SessionHook",
+    "StopAtStepHook",
+    "SummaryHook",
+]

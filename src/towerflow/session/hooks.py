@@ -1,0 +1,162 @@
+"""Session hooks: no-op base class and the built-ins of TF's MonitoredTrainingSession.
+
+Each hook says where it runs: `runs_on = "chief"` hooks are skipped on the other tasks.
+Lifecycle, in order: begin -> after_create_session -> (before_step -> after_step)* -> end.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from towerflow.errors import TowerflowError
+
+if TYPE_CHECKING:
+    from towerflow.session.monitored import MonitoredTrainingSession
+
+
+class NanLossError(TowerflowError, FloatingPointError):
+    """Raised when the training loss became NaN or infinite (the NaN guard)."""
+
+
+class SessionHook:
+    """Override the methods you need; every one is a no-op here."""
+
+    runs_on = "all"  # or "chief"
+
+    def begin(self, session: "MonitoredTrainingSession") -> None:
+        """Before the model is restored or initialized."""
+
+    def after_create_session(self, session: "MonitoredTrainingSession") -> None:
+        """After restore/initialization, before the first step."""
+
+    def before_step(self, session: "MonitoredTrainingSession") -> None:
+        """Before each `session.run(...)`."""
+
+    def after_step(self, session: "MonitoredTrainingSession", loss: Optional[float]) -> None:
+        """After each step; `session.global_step` is already the new step."""
+
+    def end(self, session: "MonitoredTrainingSession") -> None:
+        """When the session closes normally (not on an exception)."""
+
+
+class StopAtStepHook(SessionHook):
+    """Stop once the global step reaches `last_step` (or `num_steps` past where this run started)."""
+
+    def __init__(self, num_steps: Optional[int] = None, last_step: Optional[int] = None):
+        if (num_steps is None) == (last_step is None):
+            raise ValueError(f"StopAtStepHook(num_steps={num_steps!r}, last_step={last_step!r}): give exactly one")
+        self.num_steps, self.last_step = num_steps, last_step
+
+    def after_create_session(self, session) -> None:
+        if self.num_steps is not None:
+            self.last_step = session.global_step + self.num_steps
+        if session.global_step >= self.last_step:
+            session.request_stop()
+
+    def after_step(self, session, loss) -> None:
+        if session.global_step >= self.last_step:
+            session.request_stop()
+
+
+class NanGuardHook(SessionHook):
+    """Fail fast (or stop) when the loss stops being a finite number."""
+
+    def __init__(self, fail_on_nan: bool = True):
+        self.fail_on_nan = fail_on_nan
+
+    def after_step(self, session, loss) -> None:
+        if loss is not None and not math.isfinite(loss):
+            if self.fail_on_nan:
+                raise NanLossError(
+                    f"the loss is {loss} at step {session.global_step}; lower the learning rate, clip gradients, "
+                    "or check the input data. The newest checkpoint is before this step."
+                )
+            session.request_stop()
+
+
+class LoggingHook(SessionHook):
+    """Every `every_n_steps`: a line with step, loss and steps/s (chief), and a metrics record (every task)."""
+
+    def __init__(self, every_n_steps: int = 100, stream=None):
+        self.every_n_steps = max(1, every_n_steps)
+        self.stream = stream
+        self._last_time: Optional[float] = None
+        self._last_step = 0
+
+    def after_create_session(self, session) -> None:
+        self._last_time, self._last_step = time.perf_counter(), session.global_step
+
+    def after_step(self, session, loss) -> None:
+        step = session.global_step
+        if step - self._last_step < self.every_n_steps:
+            return
+        now = time.perf_counter()
+        rate = (step - self._last_step) / (now - self._last_time) if now > self._last_time else 0.0
+        self._last_time, self._last_step = now, step
+        session.last_steps_per_sec = rate
+        if session.metrics is not None:
+            session.metrics.write(step, loss=loss, steps_per_sec=round(rate, 3), **session.extra_metrics())
+        if session.is_chief:
+            loss_text = f"{loss:.4f}" if loss is not None else "-"
+            print(f"step {step}  loss {loss_text}  {rate:.1f} steps/s", file=self.stream or sys.stdout, flush=True)
+
+
+class CheckpointHook(SessionHook):
+    """Save every `every_n_steps` or `every_n_secs` (and at the end), on the chief."""
+
+    runs_on = "chief"
+
+    def __init__(self, every_n_steps: Optional[int] = None, every_n_secs: Optional[float] = None):
+        if every_n_steps is None and every_n_secs is None:
+            raise ValueError("CheckpointHook needs every_n_steps or every_n_secs")
+        self.every_n_steps, self.every_n_secs = every_n_steps, every_n_secs
+        self._last_step = 0
+        self._last_time = 0.0
+
+    def after_create_session(self, session) -> None:
+        self._last_step, self._last_time = session.global_step, time.monotonic()
+
+    def after_step(self, session, loss) -> None:
+        due_steps = self.every_n_steps is not None and session.global_step - self._last_step >= self.every_n_steps
+        due_secs = self.every_n_secs is not None and time.monotonic() - self._last_time >= self.every_n_secs
+        if due_steps or due_secs:
+            self._save(session)
+
+    def end(self, session) -> None:
+        if session.global_step != self._last_step:
+            self._save(session)
+
+    def _save(self, session) -> None:
+        session.save_checkpoint()
+        self._last_step, self._last_time = session.global_step, time.monotonic()
+
+
+class SummaryHook(SessionHook):
+    """Loss and steps/s to TensorBoard every `every_n_steps`, when tensorboard is installed (chief)."""
+
+    runs_on = "chief"
+
+    def __init__(self, logdir: str, every_n_steps: int = 100):
+        self.logdir, self.every_n_steps = logdir, max(1, every_n_steps)
+        self.writer: Any = None
+
+    def begin(self, session) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return  # optional: pip install 'towerflow[tensorboard]'
+        self.writer = SummaryWriter(self.logdir)
+
+    def after_step(self, session, loss) -> None:
+        if self.writer is not None and session.global_step % self.every_n_steps == 0:
+            if loss is not None:
+                self.writer.add_scalar("loss", loss, session.global_step)
+            if session.last_steps_per_sec:
+                self.writer.add_scalar("steps_per_sec", session.last_steps_per_sec, session.global_step)
+
+    def end(self, session) -> None:
+        if self.writer is not None:
+            self.writer.close()

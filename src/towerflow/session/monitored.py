@@ -1,0 +1,171 @@
+"""MonitoredTrainingSession: TF's training loop supervisor for PyTorch.
+
+    with towerflow.MonitoredTrainingSession(model, optimizer, logdir="runs/mnist",
+                                            hooks=[towerflow.StopAtStepHook(last_step=1000)]) as session:
+        while not session.should_stop():
+            session.run(train_step, next(batches))   # train_step returns the loss
+
+The chief restores the newest checkpoint (or starts fresh), saves checkpoints on a schedule,
+and writes summaries; every task writes metrics records and loops until a hook asks to stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import torch
+
+from towerflow.devices.logical import ENV_JOB_NAME, ENV_TASK_INDEX
+from towerflow.monitoring.metrics import MetricsWriter
+from towerflow.session.checkpoint import CheckpointManager, RestoredState
+from towerflow.session.hooks import CheckpointHook, LoggingHook, NanGuardHook, SessionHook, SummaryHook
+
+
+def _task() -> tuple:
+    job = os.environ.get(ENV_JOB_NAME) or "localhost"
+    index = os.environ.get(ENV_TASK_INDEX, "0")
+    return job, int(index) if index.isdigit() else 0
+
+
+def default_is_chief() -> bool:
+    """TF's rule: the `chief` task, or worker 0 when the cluster has no chief job."""
+    job, index = _task()
+    if job == "chief":
+        return True
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    except ValueError:
+        cluster = {}
+    return job in ("worker", "localhost") and index == 0 and "chief" not in cluster
+
+
+class MonitoredTrainingSession:
+    """Runs steps, calls hooks, restores and checkpoints; a context manager."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Any = None,
+        *,
+        logdir: Optional[str] = None,
+        strategy: Any = None,
+        is_chief: Optional[bool] = None,
+        hooks: Iterable[SessionHook] = (),
+        save_checkpoint_steps: Optional[int] = None,
+        save_checkpoint_secs: Optional[float] = 600,
+        keep_checkpoints: int = 5,
+        log_step_count_steps: int = 100,
+        save_summaries_steps: int = 100,
+        nan_guard: bool = True,
+        data_state: Optional[Callable[[], Any]] = None,
+    ):
+        self.model = model
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.logdir = logdir
+        if is_chief is None:
+            is_chief = strategy.is_chief if strategy is not None else default_is_chief()
+        self.is_chief = is_chief
+        job, index = _task()
+        self.task = f"{job}:{index}"
+        self.checkpoints = CheckpointManager(logdir, keep=keep_checkpoints) if logdir else None
+        self.metrics: Optional[MetricsWriter] = None
+        self.restored: Optional[RestoredState] = None
+        self.last_steps_per_sec: Optional[float] = None
+        self._data_state = data_state
+        self._step = 0
+        self._stop_requested = False
+        hooks = list(hooks)
+        if nan_guard:
+            hooks.append(NanGuardHook())
+        if log_step_count_steps:
+            hooks.append(LoggingHook(log_step_count_steps))
+        if logdir and (save_checkpoint_steps or save_checkpoint_secs):
+            hooks.append(CheckpointHook(save_checkpoint_steps, None if save_checkpoint_steps else save_checkpoint_secs))
+        if logdir and save_summaries_steps:
+            hooks.append(SummaryHook(logdir, save_summaries_steps))
+        self.hooks: List[SessionHook] = [h for h in hooks if h.runs_on == "all" or self.is_chief]
+
+    # ---- the global step lives in the strategy when there is one (its optimizer counts)
+    @property
+    def global_step(self) -> int:
+        return self.strategy.global_step if self.strategy is not None else self._step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        if self.strategy is not None:
+            self.strategy.global_step = value
+        else:
+            self._step = value
+
+    def __enter__(self) -> "MonitoredTrainingSession":
+        if self.logdir:
+            self.metrics = MetricsWriter(self.logdir, self.task, role="chief" if self.is_chief else "worker")
+        for hook in self.hooks:
+            hook.begin(self)
+        if self.checkpoints is not None:
+            self.restored = self.checkpoints.restore(self.model, self.optimizer)
+            if self.restored is not None:
+                self.global_step = self.restored.step
+                if self.metrics is not None:
+                    self.metrics.write(self.global_step, event=f"restored {os.path.basename(self.restored.path)}")
+        for hook in self.hooks:
+            hook.after_create_session(self)
+        return self
+
+    def run(self, step_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One training step: hooks before, `step_fn(*args, **kwargs)`, hooks after with its loss."""
+        for hook in self.hooks:
+            hook.before_step(self)
+        before = self.global_step
+        result = step_fn(*args, **kwargs)
+        if self.global_step == before:  # no strategy optimizer counted this step
+            self.global_step = before + 1
+        loss = _as_float(result)
+        for hook in self.hooks:
+            hook.after_step(self, loss)
+        return result
+
+    def should_stop(self) -> bool:
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+
+    def save_checkpoint(self) -> Optional[str]:
+        if self.checkpoints is None:
+            return None
+        data = self._data_state() if self._data_state is not None else {"global_step": self.global_step}
+        path = self.checkpoints.save(self.global_step, self.model, self.optimizer, data_state=data)
+        if self.metrics is not None:
+            self.metrics.write(self.global_step, event=f"checkpoint {os.path.basename(path)}")
+        return path
+
+    def extra_metrics(self) -> Dict[str, Any]:
+        """Fields a strategy adds to each metrics record (staleness, bytes moved, device memory)."""
+        extra = getattr(self.strategy, "metrics", None)
+        values = dict(extra()) if callable(extra) else {}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            values.setdefault("device_memory_mib", torch.cuda.memory_allocated() >> 20)
+        return values
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                for hook in self.hooks:
+                    hook.end(self)
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+
+def _as_float(result: Any) -> Optional[float]:
+    if isinstance(result, torch.Tensor) and result.numel() == 1:
+        return float(result.detach())
+    if isinstance(result, (int, float)):
+        return float(result)
+    return None
+
+
