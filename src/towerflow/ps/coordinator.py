@@ -1,0 +1,185 @@
+"""The ps-side coordinator: an explicit state machine over pushes, pulls and finished workers.
+
+It holds no tensors and does no I/O, so a test can step it one transition at a time:
+
+    c = Coordinator(SyncPolicy(2, 3), num_workers=3)
+    c.pull(PullRequest(worker=0))       # -> Go(ticket)
+    c.push(0, ticket)                   # -> Hold(1 of 2); state Collecting(step 0, held (0,))
+    c.push(1, ticket)                   # -> Apply((0, 1)); state Collecting(step 1)
+    c.push(2, ticket)                   # -> Drop (stale), counted
+
+The policy (`policies.py`) decides; the coordinator keeps the state (global step, clocks,
+held gradients, waiting pulls) and the counters the metrics report. The shard service
+calls it under its lock and acts on what it returns.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from towerflow.errors import ParameterServerError
+from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, SyncPolicy, Ticket, UpdatePolicy
+
+
+# ---- states (snapshots; `Coordinator.state` returns one)
+@dataclasses.dataclass(frozen=True)
+class Open:
+    """Every push is applied when it arrives (async, ssp)."""
+
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Collecting:
+    """Sync: holding gradients of `step` from `held` until `need` have arrived."""
+
+    step: int
+    held: Tuple[int, ...]
+    need: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """Every worker said it is done; no more pushes are expected."""
+
+    step: int
+
+
+# ---- answers to a pull
+@dataclasses.dataclass(frozen=True)
+class Go:
+    """The pull may be served now; the worker gets `ticket` with the parameters."""
+
+    request: PullRequest
+    ticket: Ticket
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """The pull must wait (`reason`); a later push or finish releases it (`Coordinator.released`)."""
+
+    request: PullRequest
+    reason: str
+
+
+class Coordinator:
+    """Global step, per-worker clocks, held gradients and waiting pulls, driven by an `UpdatePolicy`."""
+
+    def __init__(self, policy: UpdatePolicy, num_workers: int):
+        if num_workers < 1:
+            raise ParameterServerError(f"num_workers={num_workers!r}: expected at least one worker")
+        self.policy = policy
+        self.num_workers = num_workers
+        self.global_step = 0
+        self.clocks: Dict[int, int] = {w: 0 for w in range(num_workers)}  # pushes received per worker
+        self.active: List[int] = list(range(num_workers))
+        self.held: List[int] = []  # sync: workers whose gradient of this step is held
+        self.waiting: List[PullRequest] = []
+        self._released: List[Go] = []
+        # counters the metrics report
+        self.applied_updates = 0
+        self.applied_gradients = 0
+        self.dropped = 0
+        self.dropped_by_worker: Dict[int, int] = collections.Counter()
+        self.pushes_by_worker: Dict[int, int] = collections.Counter()
+        self.staleness: Dict[int, int] = collections.Counter()  # staleness -> applied gradients
+        self.max_staleness = 0
+
+    # ---- state
+    @property
+    def state(self):
+        if not self.active:
+            return Finished(self.global_step)
+        if isinstance(self.policy, SyncPolicy):
+            return Collecting(self.global_step, tuple(self.held), self.policy.need(self))
+        return Open(self.global_step)
+
+    # ---- transitions
+    def pull(self, request: PullRequest):
+        """A worker asks for parameters: Go now, or Wait until a push or finish releases it."""
+        self._check_worker(request.worker)
+        reason = self.policy.pull_blocker(self, request)
+        if reason is None:
+            return Go(request, self.policy.ticket(self, request))
+        self.waiting.append(request)
+        return Wait(request, reason)
+
+    def push(self, worker: int, ticket: Ticket):
+        """A worker's gradient arrives: returns Apply, Hold or Drop (the service then acts on it)."""
+        self._check_worker(worker)
+        if worker not in self.active:
+            raise ParameterServerError(f"worker {worker} pushed after it said it was done; call finish() only at the end")
+        self.pushes_by_worker[worker] += 1
+        self.clocks[worker] += 1
+        action = self.policy.on_push(self, worker, ticket)
+        if isinstance(action, Drop):
+            self.dropped += 1
+            self.dropped_by_worker[worker] += 1
+        elif isinstance(action, Hold):
+            self.held.append(worker)
+        elif isinstance(action, Apply):
+            self._count_applied(action)
+        self._release()
+        return action
+
+    def finish(self, worker: int) -> Optional[Apply]:
+        """A worker is done: slower peers stop waiting for it. In sync, held gradients that now make
+        a full set are applied (the returned Apply); the service acts on it like a push's."""
+        self._check_worker(worker)
+        if worker in self.active:
+            self.active.remove(worker)
+        action = None
+        if isinstance(self.policy, SyncPolicy) and self.held and len(self.held) >= self.policy.need(self):
+            action = Apply(tuple(self.held), 1.0, 0)
+            self._count_applied(action)
+        self._release()
+        return action
+
+    def released(self) -> List[Go]:
+        """Pulls that were waiting and may go now (each returned once)."""
+        out, self._released = self._released, []
+        return out
+
+    # ---- internals
+    def _count_applied(self, action: Apply) -> None:
+        self.applied_updates += 1
+        self.applied_gradients += len(action.workers)
+        self.staleness[action.staleness] += len(action.workers)
+        self.max_staleness = max(self.max_staleness, action.staleness)
+        self.held = []
+        self.global_step += 1
+
+    def _release(self) -> None:
+        still = []
+        for request in self.waiting:
+            if request.worker not in self.active or self.policy.pull_blocker(self, request) is None:
+                self._released.append(Go(request, self.policy.ticket(self, request)))
+            else:
+                still.append(request)
+        self.waiting = still
+
+    def _check_worker(self, worker: int) -> None:
+        if not (isinstance(worker, int) and 0 <= worker < self.num_workers):
+            raise ParameterServerError(
+                f"worker={worker!r}: this ps serves workers 0..{self.num_workers - 1}; check that every task was "
+                "started with the same cluster spec"
+            )
+
+    def metrics(self) -> dict:
+        """Counters for the training metrics: updates, dropped stale gradients, staleness histogram."""
+        return {
+            "global_step": self.global_step,
+            "policy": self.policy.describe(),
+            "applied_updates": self.applied_updates,
+            "applied_gradients": self.applied_gradients,
+            "dropped_stale": self.dropped,
+            "dropped_by_worker": dict(self.dropped_by_worker),
+            "pushes_by_worker": dict(self.pushes_by_worker),
+            "staleness_histogram": dict(sorted(self.staleness.items())),
+            "max_staleness": self.max_staleness,
+        }
+
+    def __repr__(self) -> str:
+        return f"Coordinator({self.policy.describe()}, {self.state})"
