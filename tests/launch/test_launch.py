@@ -1,0 +1,120 @@
+"""`towerflow launch`: roles and environment, prefixed output, failures stop everything, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from _cluster_procs import free_ports, wait_until
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
+
+TASK = str(Path(__file__).parent / "_launch_task.py")
+ROOT = Path(__file__).parent.parent.parent
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split()[2] != "Z"
+
+
+def pids(folder: Path):
+    return {p.stem: int(p.read_text()) for p in folder.glob("*.pid")}
+
+
+def test_each_task_gets_its_role_and_the_environment_contract(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--chief", "--workers", "2", "--ps", "1", "--logdir", str(tmp_path / "logs"), TASK, "env", str(tmp_path))
+    assert run.wait(60) == 0, run.describe()
+    envs = {}
+    for line in run.out.splitlines():
+        m = re.match(r"\[(\w+:\d)\] (\{.*\})$", line)
+        if m:
+            envs[m.group(1)] = json.loads(m.group(2))
+    assert sorted(envs) == ["chief:0", "ps:0", "worker:0", "worker:1"]
+    assert "[worker:1] to stderr" in run.err  # stderr is prefixed too
+    ranks = {k: (v["RANK"], v["WORLD_SIZE"]) for k, v in envs.items()}
+    assert ranks == {"chief:0": ("0", "3"), "worker:0": ("1", "3"), "worker:1": ("2", "3"), "ps:0": (None, "3")}
+    for name, env in envs.items():
+        job, index = name.split(":")
+        tf = json.loads(env["TF_CONFIG"])
+        assert (env["TOWERFLOW_JOB_NAME"], env["TOWERFLOW_TASK_INDEX"], tf["task"]) == (job, index, {"type": job, "index": int(index)})
+        assert all(a.startswith("127.0.0.1:") for hosts in tf["cluster"].values() for a in hosts)  # loopback only
+        assert env["TOWERFLOW_LOGDIR"] == str(tmp_path / "logs") and env["MASTER_ADDR"] == "127.0.0.1"
+    assert len({e["MASTER_PORT"] for e in envs.values()}) == 1 and len({e["TOWERFLOW_CLUSTER_TOKEN"] for e in envs.values()}) == 1
+
+
+def test_nproc_and_devices_start_one_worker_per_device(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--devices", "cpu:0,gpu:1", TASK, "env", str(tmp_path))
+    assert run.wait(60) == 0, run.describe()
+    devices = sorted(json.loads(l.split("] ", 1)[1])["TOWERFLOW_DEVICE"] for l in run.out.splitlines() if l.startswith("[worker"))
+    assert devices == ["/device:CPU:0", "/device:GPU:1"]
+    bad = launcher.python("-m", "towerflow", "launch", "--devices", "tpx:0", TASK, "env", str(tmp_path))
+    assert bad.wait(30) == 2 and "unknown device type 'tpx'" in bad.err
+
+
+def test_a_crashing_task_stops_the_others_and_sets_the_exit_code(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", TASK, "crash", str(tmp_path))
+    assert run.wait(60) == 3, run.describe()
+    assert "/job:worker/task:1" in run.err and "failed first: it exited with code 3" in run.err
+    assert "worker 1 is about to fail" in run.err and "Stopped the other 2 running task(s)" in run.err
+    started = pids(tmp_path)
+    assert sorted(started) == ["ps:0", "worker:0", "worker:1"]
+    assert not [name for name, pid in started.items() if alive(pid)], "tasks left running after the launch ended"
+
+
+def test_ctrl_c_stops_every_task(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--workers", "2", TASK, "sleep", str(tmp_path))
+    wait_until(lambda: len(pids(tmp_path)) == 2, 30, "both tasks to start")
+    os.kill(run.popen.pid, signal.SIGINT)
+    assert run.wait(30) == 130, run.describe()
+    assert not [pid for pid in pids(tmp_path).values() if alive(pid)]
+
+
+def test_max_restarts_restarts_a_failed_task(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--workers", "1", "--max-restarts", "1", TASK, "flaky", str(tmp_path))
+    assert run.wait(60) == 0, run.describe()
+    assert "/job:worker/task:0 exited with code 5; restarting it (1 of 1)" in run.err
+
+
+def test_bad_flags_are_refused(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--cluster", str(tmp_path / "none.json"), TASK, "env", str(tmp_path))
+    assert run.wait(30) == 2 and "--cluster needs --job_name and --task_index" in run.err
+    run = launcher.python("-m", "towerflow", "launch", "--nproc", "2", "--workers", "3", TASK, "env", str(tmp_path))
+    assert run.wait(30) == 2 and "--workers 3 disagrees with 2 device(s)" in run.err
+
+
+def test_pi_distributed_under_launch(launcher):
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", str(ROOT / "examples" / "pi_distributed.py"), "--samples", "2000000")
+    assert run.wait(80) == 0, run.describe()
+    m = re.search(r"\[worker:0\] pi ~= ([\d.]+)", run.out)
+    assert m and abs(float(m.group(1)) - 3.14159) < 0.01, run.out
+    assert re.search(r"3 tasks drew 2,000,000 samples in [\d.]+ s \([\d,]+ samples/s\)", run.out)
+
+
+def test_hello_cluster_as_one_task_per_host(launcher, tmp_path):
+    ports = free_ports(2)
+    (tmp_path / "cluster.json").write_text(json.dumps({"worker": [f"localhost:{p}" for p in ports]}))
+    runs = [
+        launcher.python("-m", "towerflow", "launch", "--cluster", str(tmp_path / "cluster.json"), "--job_name", "worker", "--task-index", str(i), str(ROOT / "examples" / "hello_cluster.py"), label=f"host{i}")
+        for i in (1, 0)
+    ]
+    assert [r.wait(80) for r in runs] == [0, 0], launcher.describe()
+    out = runs[1].out
+    assert "[worker:0] Hello, this is /job:worker/task:0" in out and "[worker:0] Hello, this is /job:worker/task:1" in out
+
+
+@pytest.mark.gpu
+def test_pi_multi_device_on_a_gpu_worker(launcher):
+    run = launcher.python("-m", "towerflow", "launch", "--devices", "gpu:0", str(ROOT / "examples" / "pi_multi_device.py"), "--samples", "2000000")
+    assert run.wait(80) == 0, run.describe()
+    m = re.search(r"pi ~= ([\d.]+)", run.out)
+    assert m and abs(float(m.group(1)) - 3.14159) < 0.01, run.out
