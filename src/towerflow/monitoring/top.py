@@ -1,0 +1,93 @@
+"""`towerflow top LOGDIR`: one row per task from `metrics.jsonl`, refreshed in place.
+
+It reads only the file, so it needs no access to the cluster and works after the job ended.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Dict, List, Optional, TextIO
+
+from towerflow.monitoring.metrics import read_metrics
+
+COLUMNS = ("task", "role", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "mem MiB", "age")
+
+
+def _bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def _staleness(value: Any) -> str:
+    """A histogram {"k": count} shows as its mean and max; a number as itself."""
+    if isinstance(value, dict) and value:
+        counts = {int(k): v for k, v in value.items()}
+        total = sum(counts.values())
+        mean = sum(k * v for k, v in counts.items()) / total if total else 0.0
+        return f"{mean:.1f} (max {max(counts)})"
+    if isinstance(value, (int, float)):
+        return f"{value:.1f}"
+    return "-"
+
+
+def latest_by_task(records: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """The newest values per task: later records override earlier ones field by field."""
+    tasks: Dict[str, Dict[str, Any]] = {}
+    for record in records:
+        merged = tasks.setdefault(record["task"], {})
+        merged.update({k: v for k, v in record.items() if k != "event"})
+    return tasks
+
+
+def rows(records: List[Dict[str, Any]], now: Optional[float] = None) -> List[List[str]]:
+    now = time.time() if now is None else now
+    out = []
+    for task, r in sorted(latest_by_task(records).items()):
+        out.append([
+            task,
+            str(r.get("role", "-")),
+            str(r.get("device", "-")),
+            str(r.get("step", "-")),
+            f"{r['steps_per_sec']:.1f}" if "steps_per_sec" in r else "-",
+            f"{r['loss']:.4f}" if "loss" in r else "-",
+            _staleness(r.get("staleness")),
+            _bytes(r.get("bytes_pushed")),
+            _bytes(r.get("bytes_pulled")),
+            str(r.get("device_memory_mib", "-")),
+            f"{max(0.0, now - r['time']):.0f}s",
+        ])
+    return out
+
+
+def render(records: List[Dict[str, Any]], logdir: str, now: Optional[float] = None) -> str:
+    table = [list(COLUMNS)] + rows(records, now)
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    lines = [f"towerflow top — {logdir} — {len(table) - 1} tasks, {len(records)} records"]
+    for i, row in enumerate(table):
+        lines.append("  ".join(cell.ljust(w) if j < 3 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def run(logdir: str, watch: Optional[float] = 2.0, out: TextIO = sys.stdout, max_frames: Optional[int] = None) -> int:
+    frames = 0
+    try:
+        while True:
+            text = render(read_metrics(logdir), logdir)
+            if watch and out.isatty():
+                out.write("\x1b[H\x1b[2J")
+            out.write(text + "\n")
+            out.flush()
+            frames += 1
+            if not watch or (max_frames is not None and frames >= max_frames):
+                return 0
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,76 @@
+"""`towerflow top` and `towerflow report` on a recorded metrics file: golden values."""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from towerflow.monitoring import report, top
+from towerflow.monitoring.metrics import MetricsWriter, read_metrics
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def logdir(tmp_path):
+    shutil.copy(DATA / "metrics.jsonl", tmp_path / "metrics.jsonl")
+    return tmp_path
+
+
+def test_reader_skips_the_torn_last_line(logdir):
+    records = read_metrics(str(logdir))
+    assert len(records) == 7
+    assert records[-1]["step"] == 30
+
+
+def test_top_rows_show_the_newest_values_per_task(logdir):
+    rows = {r[0]: r for r in top.rows(read_metrics(str(logdir)), now=1010.0)}
+    assert list(rows) == ["ps:0", "worker:0", "worker:1"]
+    # task, role, device, step, steps/s, loss, staleness, pushed, pulled, mem, age
+    assert rows["worker:0"] == ["worker:0", "chief", "/device:CPU:0", "30", "11.0", "0.5000", "0.1 (max 1)",
+                                "2.0 MB", "4.0 MB", "512", "6s"]
+    assert rows["worker:1"][3:7] == ["24", "9.0", "1.5000", "2.0 (max 2)"]
+    assert rows["ps:0"][4:7] == ["-", "-", "-"]
+
+
+def test_top_renders_a_table_with_a_header(logdir):
+    text = top.render(read_metrics(str(logdir)), str(logdir), now=1010.0)
+    lines = text.splitlines()
+    assert "3 tasks, 7 records" in lines[0]
+    assert lines[1].split() == ["task", "role", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "mem", "MiB", "age"]
+
+
+def test_report_summary_and_staleness_are_exact(logdir):
+    records = read_metrics(str(logdir))
+    assert report.staleness_histogram(records) == {0: 22, 1: 7, 2: 11}
+    s = report.summary(records)
+    assert s["worker:0"] == {"last_step": 30, "final_loss": 0.5, "best_loss": 0.5, "median_steps_per_sec": 11.0}
+    assert s["worker:1"] == {"last_step": 24, "final_loss": 1.5, "best_loss": 1.5, "median_steps_per_sec": 9.0}
+
+
+def test_report_writes_pngs_and_markdown(logdir):
+    written = report.write_report(str(logdir))
+    names = sorted(pathlib.Path(p).name for p in written)
+    assert names == ["loss_vs_step.png", "loss_vs_time.png", "report.md", "staleness.png", "throughput.png"]
+    for path in written:
+        if path.endswith(".png"):
+            assert pathlib.Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (logdir / "report" / "report.md").read_text()
+    assert "| worker:0 | 30 | 0.5000 | 0.5000 | 11.00 |" in md
+    assert "Staleness histogram (pushes per staleness): 0: 22, 1: 7, 2: 11" in md
+
+
+def test_report_on_an_empty_logdir_says_what_to_do(tmp_path):
+    with MetricsWriter(str(tmp_path), "worker:0"):
+        pass
+    with pytest.raises(ValueError, match="has no metrics records"):
+        report.write_report(str(tmp_path))
+
+
+def test_cli_top_once_and_missing_logdir(logdir, tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "towerflow", "top", str(logdir), "--once"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "worker:1" in ok.stdout
+    missing = subprocess.run([sys.executable, "-m", "towerflow", "top", str(tmp_path / "nope"), "--once"], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "start a job with --logdir" in missing.stdout
