@@ -134,3 +134,12 @@ def call_async(to: str, fn: Callable, args: tuple = (), kwargs: Optional[dict] =
     from torch.distributed import rpc
 
     return rpc.rpc_async(to, fn, args=args, kwargs=kwargs or {}, timeout=timeout)
+
+
+def deferred(fn: Callable) -> Callable:
+    """Mark a module-level call target that returns a torch Future: the reply goes out when the
+    future completes, and no server thread is held while it waits (a ps holding a pull until
+    its step comes, for example). This is torch's `rpc.functions.async_execution`."""
+    from torch.distributed import rpc
+
+    return rpc.functions.async_execution(fn)

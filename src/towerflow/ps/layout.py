@@ -128,6 +128,19 @@ class Layout:
             raise LayoutError(f"{variable!r} has {len(shards)} shards, got {len(parts)} parts")
         return parts[0] if len(parts) == 1 else torch.cat(list(parts), 0)
 
+    def pack(self, task: int, values: Mapping[str, torch.Tensor]) -> Dict[torch.dtype, torch.Tensor]:
+        """Task `task`'s flat buffers (one per dtype) filled from whole-variable values (CPU copies)."""
+        parts: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for s in self.on_task(task):
+            value = values[s.variable]
+            piece = value[s.row_start:s.row_stop] if s.is_partitioned else value
+            parts.setdefault(s.dtype, []).append(piece.detach().reshape(-1).to("cpu"))
+        return {d: torch.cat(p) for d, p in parts.items()}
+
+    def unpack(self, task: int, flats: Mapping[torch.dtype, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Shard name -> its value, as views of task `task`'s flat buffers."""
+        return {s.name: flats[s.dtype][s.offset:s.offset + s.numel].view(s.shape) for s in self.on_task(task)}
+
     # ---- printing
     def table(self) -> str:
         """One line per shard (variable, shard, task, rows, shape, bytes), then bytes per task."""
