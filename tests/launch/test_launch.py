@@ -100,16 +100,16 @@ def test_pi_distributed_under_launch(launcher):
     assert re.search(r"3 tasks drew 2,000,000 samples in [\d.]+ s \([\d,]+ samples/s\)", run.out)
 
 
-def test_hello_cluster_as_one_task_per_host(launcher, tmp_path):
+def test_hello_cluster_as_one_task_per_host_and_by_hand_with_the_seed_flags(launcher, tmp_path):
     ports = free_ports(2)
-    (tmp_path / "cluster.json").write_text(json.dumps({"worker": [f"localhost:{p}" for p in ports]}))
-    runs = [
-        launcher.python("-m", "towerflow", "launch", "--cluster", str(tmp_path / "cluster.json"), "--job_name", "worker", "--task-index", str(i), str(ROOT / "examples" / "hello_cluster.py"), label=f"host{i}")
-        for i in (1, 0)
-    ]
-    assert [r.wait(80) for r in runs] == [0, 0], launcher.describe()
-    out = runs[1].out
-    assert "[worker:0] Hello, this is /job:worker/task:0" in out and "[worker:0] Hello, this is /job:worker/task:1" in out
+    hosts = [f"localhost:{p}" for p in ports]
+    (tmp_path / "cluster.json").write_text(json.dumps({"worker": hosts}))
+    hello = str(ROOT / "examples" / "hello_cluster.py")
+    by_hand = launcher.python(hello, "--worker_hosts", ",".join(hosts), "--job_name", "worker", "--task_index", "1", label="by_hand")
+    launched = launcher.python("-m", "towerflow", "launch", "--cluster", str(tmp_path / "cluster.json"), "--job_name", "worker", "--task-index", "0", hello, label="launched")
+    assert [launched.wait(80), by_hand.wait(30)] == [0, 0], launcher.describe()
+    assert "[worker:0] Hello, this is /job:worker/task:0" in launched.out
+    assert "[worker:0] Hello, this is /job:worker/task:1" in launched.out
 
 
 @pytest.mark.gpu
