@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any, Dict, Optional, TextIO
 
+from towerflow.monitoring import _screen
 from towerflow.monitoring import nvml as _nvml
 
 _RESET, _BOLD, _RED, _YELLOW, _GREEN, _CYAN = "\x1b[0m", "\x1b[1m", "\x1b[31m", "\x1b[33m", "\x1b[32m", "\x1b[36m"
@@ -100,18 +101,9 @@ def run(watch: Optional[float] = None, as_json: bool = False, colour: Optional[b
         out: TextIO = sys.stdout, nvml: Any = None, max_frames: Optional[int] = None) -> int:
     """Print one screen, or refresh it in place every `watch` seconds until Ctrl-C."""
     colour = out.isatty() if colour is None else colour
-    frames = 0
-    try:
-        while True:
-            snap = snapshot(nvml)
-            text = json.dumps(snap, indent=2) if as_json else render(snap, colour)
-            if watch and out.isatty():
-                out.write("\x1b[H\x1b[2J")  # home + clear: redraw in place
-            out.write(text + "\n")
-            out.flush()
-            frames += 1
-            if not watch or (max_frames is not None and frames >= max_frames):
-                return 0
-            time.sleep(watch)
-    except KeyboardInterrupt:
-        return 0
+
+    def frame() -> str:
+        snap = snapshot(nvml)
+        return json.dumps(snap, indent=2) if as_json else render(snap, colour)
+
+    return _screen.show(frame, out, watch, max_frames)

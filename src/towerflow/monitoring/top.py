@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, TextIO
 
+from towerflow.monitoring import _screen
 from towerflow.monitoring.metrics import read_metrics
 
 COLUMNS = ("task", "role", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "mem MiB", "age")
@@ -77,17 +78,4 @@ def render(records: List[Dict[str, Any]], logdir: str, now: Optional[float] = No
 
 
 def run(logdir: str, watch: Optional[float] = 2.0, out: TextIO = sys.stdout, max_frames: Optional[int] = None) -> int:
-    frames = 0
-    try:
-        while True:
-            text = render(read_metrics(logdir), logdir)
-            if watch and out.isatty():
-                out.write("\x1b[H\x1b[2J")
-            out.write(text + "\n")
-            out.flush()
-            frames += 1
-            if not watch or (max_frames is not None and frames >= max_frames):
-                return 0
-            time.sleep(watch)
-    except KeyboardInterrupt:
-        return 0
+    return _screen.show(lambda: render(read_metrics(logdir), logdir), out, watch, max_frames)
