@@ -1,10 +1,12 @@
-"""The two replica programs `benchmarks/sync_vs_ddp.py` races: `towerflow` and `ddp` (hand-written).
+"""One replica of `benchmarks/sync_vs_ddp.py`: towerflow and a hand-written DDP loop, side by side.
 
-Both train the same model on the same data with the same global batch and process count,
-time the same steps after the same warm-up, and print one JSON line on rank 0. They differ only
-in who does the work: towerflow's strategy, loader and train_step, or plain torch code.
+Both train the same model (examples/mnist_sync.py's CNN, each its own copy from the same
+seed) on the same data with the same global batch, in the same processes, over the same
+process group. They alternate in chunks of `--chunk` steps (order swapped every round), so
+whatever else the machine is doing hits both alike; rank 0 prints one JSON line with every
+chunk's samples/s.
 
-    python benchmarks/_sync_workers.py {towerflow,ddp} --steps N --warmup W --batch-size B [--data PATH]
+    torchrun --nproc-per-node N benchmarks/_sync_workers.py --rounds R --chunk K --batch-size B [--data PATH]
 """
 
 import argparse
@@ -18,10 +20,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import TensorDataset
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-from mnist_sync import build_model  # noqa: E402  the example's CNN, the same for both variants
+from mnist_sync import build_model  # noqa: E402  the example's CNN
 
+import towerflow  # noqa: E402
 from towerflow.data import load_mnist_or_digits  # noqa: E402
 
 
@@ -32,96 +36,94 @@ def _data(path):
     return torch.randn(8000, 1, 28, 28, generator=g), torch.randint(0, 10, (8000,), generator=g)
 
 
-def _report(variant, world, steps, batch, seconds, device):
-    print(json.dumps({"variant": variant, "replicas": world, "steps": steps, "global_batch": batch,
-                      "seconds": seconds, "samples_per_sec": steps * batch / seconds, "device": str(device)}),
-          flush=True)
-
-
-def run_towerflow(args):
-    import towerflow
-
-    towerflow.set_seed(0)
-    strategy = towerflow.strategy_from_env()
-    x, y = _data(args.data)
+def towerflow_steps(strategy, x, y, batch_size):
+    """The towerflow user's code: strategy.setup, distribute_loader, train_step."""
+    torch.manual_seed(0)
     model = build_model(28)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model, opt = strategy.setup(model, opt)
-    loader = strategy.distribute_loader(torch.utils.data.TensorDataset(x, y), global_batch_size=args.batch_size)
-    batches = loader.forever()
-    for _, batch in zip(range(args.warmup), batches):
-        towerflow.train_step(strategy, model, opt, batch, F.cross_entropy)
-    strategy.barrier()
-    start = time.perf_counter()
-    for _, batch in zip(range(args.steps), batches):
-        towerflow.train_step(strategy, model, opt, batch, F.cross_entropy)
-    if strategy.device.type == "cuda":
-        torch.cuda.synchronize()
-    strategy.barrier()
-    seconds = time.perf_counter() - start
-    if strategy.is_chief:
-        _report("towerflow", strategy.num_replicas_in_sync, args.steps, args.batch_size, seconds, strategy.device)
-    strategy.shutdown()
+    batches = strategy.distribute_loader(TensorDataset(x, y), global_batch_size=batch_size).forever()
+
+    def run(k):
+        for _, batch in zip(range(k), batches):
+            towerflow.train_step(strategy, model, opt, batch, F.cross_entropy)
+
+    return run
 
 
-def run_ddp(args):
-    """What a user would write by hand: env:// process group, DDP, a sharded index per step."""
+def ddp_steps(x, y, batch_size):
+    """What a user writes by hand: env:// process group, DDP, a sharded index per step."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    elif world > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=300))
+    if not dist.is_initialized():  # one process: towerflow needs no group, DDP does
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=300))
     torch.manual_seed(0)
-    x, y = _data(args.data)
     model = nn.parallel.DistributedDataParallel(
         build_model(28).to(device), device_ids=[device] if device.type == "cuda" else None, gradient_as_bucket_view=True
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    per = args.batch_size // world
-    epoch = [0]
+    per = batch_size // world
 
     def batches():
+        epoch = 0
         while True:
-            g = torch.Generator().manual_seed(epoch[0])
-            order = torch.randperm(len(x), generator=g)
-            for s in range(len(x) // args.batch_size):
-                idx = order[s * args.batch_size + rank * per : s * args.batch_size + (rank + 1) * per]
+            order = torch.randperm(len(x), generator=torch.Generator().manual_seed(epoch))
+            for s in range(len(x) // batch_size):
+                idx = order[s * batch_size + rank * per : s * batch_size + (rank + 1) * per]
                 xb, yb = x[idx], y[idx]
                 if device.type == "cuda":
                     xb, yb = xb.pin_memory().to(device, non_blocking=True), yb.pin_memory().to(device, non_blocking=True)
                 yield xb, yb
-            epoch[0] += 1
-
-    def step(xb, yb):
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(xb), yb).backward()
-        opt.step()
+            epoch += 1
 
     it = batches()
-    for _, (xb, yb) in zip(range(args.warmup), it):
-        step(xb, yb)
-    dist.barrier()
+
+    def run(k):
+        for _, (xb, yb) in zip(range(k), it):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+
+    return run
+
+
+def _timed(run, k, device):
+    if dist.is_initialized():
+        dist.barrier()
     start = time.perf_counter()
-    for _, (xb, yb) in zip(range(args.steps), it):
-        step(xb, yb)
+    run(k)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    dist.barrier()
-    seconds = time.perf_counter() - start
-    if rank == 0:
-        _report("ddp", world, args.steps, args.batch_size, seconds, device)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.barrier()
+    return time.perf_counter() - start
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--chunk", type=int, default=20, help="steps per timed chunk")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=128, help="global batch size")
+    p.add_argument("--data", default=None)
+    args = p.parse_args()
+
+    strategy = towerflow.strategy_from_env()
+    x, y = _data(args.data)
+    runs = {"towerflow": towerflow_steps(strategy, x, y, args.batch_size), "ddp": ddp_steps(x, y, args.batch_size)}
+    for run in runs.values():
+        run(args.warmup)
+    rates = {name: [] for name in runs}
+    for r in range(args.rounds):
+        for name in (("ddp", "towerflow") if r % 2 == 0 else ("towerflow", "ddp")):
+            rates[name].append(args.chunk * args.batch_size / _timed(runs[name], args.chunk, strategy.device))
+    if strategy.is_chief:
+        print(json.dumps({"replicas": strategy.num_replicas_in_sync, "threads": torch.get_num_threads(),
+                          "device": str(strategy.device), "samples_per_sec": rates}), flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("variant", choices=["towerflow", "ddp"])
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--data", default=None)
-    a = p.parse_args()
-    (run_towerflow if a.variant == "towerflow" else run_ddp)(a)
+    main()

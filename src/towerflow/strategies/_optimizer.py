@@ -79,6 +79,17 @@ class SyncOptimizer:
         return self.host.optimizer if self.host is not None else self.optimizer
 
     @property
+    def inner(self) -> torch.optim.Optimizer:
+        """The torch optimizer that applies the update (the CPU one with variables_on='cpu'); give
+        this one to a `torch.optim.lr_scheduler` if you use those instead of `lr_schedule=`."""
+        return self._active
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("optimizer", "host"):
+            raise AttributeError(name)
+        return getattr(self._active, name)  # defaults, add_param_group, ... of the wrapped optimizer
+
+    @property
     def param_groups(self):
         return self._active.param_groups
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from towerflow.strategies._devices import default_device, resolve_device
 from towerflow.strategies.base import Strategy
 
@@ -17,6 +19,4 @@ class OneDeviceStrategy(Strategy):
         torch_device, name = resolve_device(device) if device is not None else default_device()
         super().__init__(torch_device, name, variables_on=variables_on, mixed_precision=mixed_precision)
         if torch_device.type == "cuda":
-            import torch
-
             torch.cuda.set_device(torch_device)
