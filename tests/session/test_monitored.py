@@ -110,3 +110,47 @@ def test_worker_zero_is_chief_without_a_chief_job(monkeypatch):
     assert not default_is_chief()
     monkeypatch.setenv("TOWERFLOW_JOB_NAME", "chief")
     assert default_is_chief()
+
+
+def test_summaries_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    written = []
+
+    class FakeWriter:
+        def __init__(self, logdir):
+            written.append(("open", logdir))
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, step))
+
+        def close(self):
+            written.append(("close",))
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = FakeWriter
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    _train(str(tmp_path), 10, save_summaries_steps=5)
+    assert written[0] == ("open", str(tmp_path))
+    assert [w for w in written if w[0] == "loss"] == [("loss", 5), ("loss", 10)]
+    assert ("steps_per_sec", 10) in written and written[-1] == ("close",)
+
+
+def test_progress_bar_only_on_a_terminal():
+    import io
+
+    from towerflow.session import ProgressHook
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    model, opt = _setup()
+    for stream, expect_bar in ((io.StringIO(), False), (Terminal(), True)):
+        hook = ProgressHook(stream)
+        with MonitoredTrainingSession(model, opt, hooks=[hook, StopAtStepHook(num_steps=3)], progress=False) as s:
+            while not s.should_stop():
+                s.run(_step, model, opt)
+        assert (hook.bar is not None) == expect_bar
+        assert ("3/3" in stream.getvalue()) == expect_bar

@@ -160,3 +160,32 @@ class SummaryHook(SessionHook):
     def end(self, session) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+class ProgressHook(SessionHook):
+    """A tqdm bar on an interactive terminal (the chief's); LoggingHook's lines cover the rest."""
+
+    runs_on = "chief"
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.bar: Any = None
+
+    def after_create_session(self, session) -> None:
+        if not (hasattr(self.stream, "isatty") and self.stream.isatty()):
+            return
+        from tqdm.auto import tqdm
+
+        stop = next((h for h in session.hooks if isinstance(h, StopAtStepHook)), None)
+        last = None if stop is None else stop.last_step or session.global_step + stop.num_steps
+        self.bar = tqdm(total=last, initial=session.global_step, file=self.stream, dynamic_ncols=True, desc="train")
+
+    def after_step(self, session, loss) -> None:
+        if self.bar is not None:
+            self.bar.update(session.global_step - self.bar.n)
+            if loss is not None and session.global_step % 10 == 0:
+                self.bar.set_postfix(loss=f"{loss:.4f}")
+
+    def end(self, session) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -20,7 +20,7 @@ import torch
 from towerflow.devices.logical import ENV_JOB_NAME, ENV_TASK_INDEX
 from towerflow.monitoring.metrics import MetricsWriter
 from towerflow.session.checkpoint import CheckpointManager, RestoredState
-from towerflow.session.hooks import CheckpointHook, LoggingHook, NanGuardHook, SessionHook, SummaryHook
+from towerflow.session.hooks import CheckpointHook, LoggingHook, NanGuardHook, ProgressHook, SessionHook, SummaryHook
 
 
 def _task() -> tuple:
@@ -59,6 +59,7 @@ class MonitoredTrainingSession:
         log_step_count_steps: int = 100,
         save_summaries_steps: int = 100,
         nan_guard: bool = True,
+        progress: bool = True,
         data_state: Optional[Callable[[], Any]] = None,
     ):
         self.model = model
@@ -86,6 +87,8 @@ class MonitoredTrainingSession:
             hooks.append(CheckpointHook(save_checkpoint_steps, None if save_checkpoint_steps else save_checkpoint_secs))
         if logdir and save_summaries_steps:
             hooks.append(SummaryHook(logdir, save_summaries_steps))
+        if progress:
+            hooks.append(ProgressHook())
         self.hooks: List[SessionHook] = [h for h in hooks if h.runs_on == "all" or self.is_chief]
 
     # ---- the global step lives in the strategy when there is one (its optimizer counts)
