@@ -177,7 +177,10 @@ class ProgressHook(SessionHook):
         from tqdm.auto import tqdm
 
         stop = next((h for h in session.hooks if isinstance(h, StopAtStepHook)), None)
-        last = None if stop is None else stop.last_step or session.global_step + stop.num_steps
+        if stop is None:
+            last = None
+        else:  # StopAtStepHook may not have turned num_steps into a last step yet
+            last = stop.last_step if stop.last_step is not None else session.global_step + stop.num_steps
         self.bar = tqdm(total=last, initial=session.global_step, file=self.stream, dynamic_ncols=True, desc="train")
 
     def after_step(self, session, loss) -> None:
