@@ -86,10 +86,13 @@ def test_max_restarts_restarts_a_failed_task(launcher, tmp_path):
 
 
 def test_bad_flags_are_refused(launcher, tmp_path):
-    run = launcher.python("-m", "towerflow", "launch", "--cluster", str(tmp_path / "none.json"), TASK, "env", str(tmp_path))
-    assert run.wait(30) == 2 and "--cluster needs --job_name and --task_index" in run.err
-    run = launcher.python("-m", "towerflow", "launch", "--nproc", "2", "--workers", "3", TASK, "env", str(tmp_path))
-    assert run.wait(30) == 2 and "--workers 3 disagrees with 2 device(s)" in run.err
+    runs = [  # started together: each launcher pays the torch import
+        launcher.python("-m", "towerflow", "launch", "--cluster", str(tmp_path / "none.json"), TASK, "env", str(tmp_path)),
+        launcher.python("-m", "towerflow", "launch", "--nproc", "2", "--workers", "3", TASK, "env", str(tmp_path)),
+    ]
+    assert [r.wait(30) for r in runs] == [2, 2], launcher.describe()
+    assert "--cluster needs --job_name and --task_index" in runs[0].err
+    assert "--workers 3 disagrees with 2 device(s)" in runs[1].err
 
 
 def test_pi_distributed_under_launch(launcher):
