@@ -81,3 +81,23 @@ def test_cli_devices_prints_tf_device_mapping():
     result = _cli("devices")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Device mapping:\n/job:localhost/replica:0/task:0/device:CPU:0 -> device: 0")
+
+
+def test_becoming_a_task_renames_devices_and_replaces_cached_placements(monkeypatch):
+    monkeypatch.delenv("TOWERFLOW_JOB_NAME", raising=False)
+    monkeypatch.delenv("TOWERFLOW_TASK_INDEX", raising=False)
+    towerflow.list_devices()  # cache the table as /job:localhost
+    with towerflow.device("/job:localhost/task:0"):
+        torch.ones(1)
+    monkeypatch.setenv("TOWERFLOW_JOB_NAME", "localhost")  # monkeypatch restores these afterwards
+    monkeypatch.setenv("TOWERFLOW_TASK_INDEX", "0")
+    try:
+        logical.set_local_task("worker", 1)
+        assert towerflow.list_devices()[0].name == "/job:worker/replica:0/task:1/device:CPU:0"
+        with towerflow.device("/job:worker/task:1"):
+            assert torch.ones(1).device.type == "cpu"
+        with pytest.raises(towerflow.PlacementError, match="another task"):
+            with towerflow.device("/job:localhost/task:0"):
+                torch.ones(1)
+    finally:
+        logical.set_local_task("localhost", 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -29,6 +29,24 @@ def local_task() -> DeviceSpec:
     job = os.environ.get(ENV_JOB_NAME) or "localhost"
     task = os.environ.get(ENV_TASK_INDEX, "0")
     return DeviceSpec(job=job, replica=0, task=int(task) if task.isdigit() else 0)
+
+
+_identity_listeners: List[Callable[[], None]] = []
+
+
+def set_local_task(job: str, task: int) -> None:
+    """Become `/job:<job>/task:<task>` (a Server calls this): device names and cached placements follow."""
+    global _table
+    os.environ[ENV_JOB_NAME] = job
+    os.environ[ENV_TASK_INDEX] = str(task)
+    with _lock:
+        _table = None
+    for listener in _identity_listeners:
+        listener()
+
+
+def on_identity_change(listener: Callable[[], None]) -> None:
+    _identity_listeners.append(listener)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,7 @@ def _forget(old: _config.Config, new: _config.Config) -> None:
 
 
 _config.on_change(apply=_forget)
+_logical.on_identity_change(lambda: _forget(None, None))
 
 
 def resolve(spec: DeviceSpec, op: str) -> Target:
