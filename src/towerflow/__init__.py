@@ -28,6 +28,7 @@ from towerflow.strategies import (
     strategy_from_env,
 )
 from towerflow.session import CheckpointManager, MonitoredTrainingSession, SessionHook, StopAtStepHook
+from towerflow.strategies.parameter_server import ParameterServerStrategy
 from towerflow.training import Progress, evaluate, set_seed, train_step
 
 __version__ = "0.1.0"
@@ -56,6 +57,7 @@ __all__ = [
     "Strategy",
     "Progress",
     "OneDeviceStrategy",
+    "ParameterServerStrategy",
     "MultiWorkerMirroredStrategy",
     "MirroredStrategy",
     "DataError",

@@ -70,6 +70,7 @@ class ShardService:
         self._sum: Optional[List[torch.Tensor]] = None  # sync: running sum of held gradients (reused)
         self._summed = 0
         self._waiting: Dict[object, torch.futures.Future] = {}
+        self._all_done: List[torch.futures.Future] = []
         self._next_key = 0
         self.bytes_in: Dict[int, int] = collections.Counter()
         self.bytes_out: Dict[int, int] = collections.Counter()
@@ -98,8 +99,11 @@ class ShardService:
         return go.ticket, self.flats
 
     # ---- pushes
-    def push(self, worker: int, ticket: Ticket, grads: Sequence[torch.Tensor]) -> Tuple[str, int, int]:
-        """Apply, hold or drop a worker's gradients; returns (what happened, staleness, global step)."""
+    def push(self, worker: int, ticket: Ticket, grads: Sequence[torch.Tensor], lr: Optional[float] = None) -> Tuple[str, int, int]:
+        """Apply, hold or drop a worker's gradients; returns (what happened, staleness, global step).
+
+        `lr`, when given, is the learning rate from the worker's schedule; it stays set until the next one.
+        """
         if len(grads) != len(self.flats) or any(g.shape != f.shape or g.dtype != f.dtype for g, f in zip(grads, self.flats)):
             raise ParameterServerError(
                 f"worker {worker} pushed {[(tuple(g.shape), g.dtype) for g in grads]}; this ps holds "
@@ -108,6 +112,9 @@ class ShardService:
         with self._lock:
             self.bytes_in[worker] += sum(g.numel() * g.element_size() for g in grads)
             action = self.coordinator.push(worker, ticket)
+            if lr is not None and not isinstance(action, Drop):
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
             if isinstance(action, Hold):
                 self._add_to_sum(grads)
             elif isinstance(action, Apply):
@@ -122,6 +129,13 @@ class ShardService:
         kind = "dropped" if isinstance(action, Drop) else "held" if isinstance(action, Hold) else "applied"
         return kind, action.staleness, step
 
+    def push_pull(self, worker: int, ticket: Ticket, grads: Sequence[torch.Tensor], lr: Optional[float],
+                  clock: int, after_step: int) -> torch.futures.Future:
+        """A push, then a pull, in one call (one round trip per step): a future of (outcome, ticket, values)."""
+        outcome = self.push(worker, ticket, grads, lr)
+        pulled = self.pull(worker, clock, after_step)
+        return pulled.then(lambda f: (outcome,) + tuple(f.value()))
+
     def finish(self, worker: int) -> int:
         """A worker is done; peers stop waiting for it. Returns the global step."""
         with self._lock:
@@ -130,8 +144,22 @@ class ShardService:
                 self._apply(self._mean(len(action.workers)), action.lr_scale)
             released = self._take_released()
             step = self.coordinator.global_step
+            if not self.coordinator.active:
+                released += [(f, step) for f in self._all_done]
+                self._all_done = []
         self._complete(released)
         return step
+
+    def when_all_finished(self) -> torch.futures.Future:
+        """A future of the global step that completes once every worker has called finish."""
+        future: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if self.coordinator.active:
+                self._all_done.append(future)
+                return future
+            step = self.coordinator.global_step
+        future.set_result(step)
+        return future
 
     def _add_to_sum(self, grads: Sequence[torch.Tensor]) -> None:
         if self._sum is None:
@@ -243,8 +271,19 @@ def _rpc_pull(model: str, worker: int, clock: int, after_step: int) -> torch.fut
     return _get(model).pull(worker, clock, after_step)
 
 
-def _rpc_push(model: str, worker: int, ticket: Ticket, grads: List[torch.Tensor]):
-    return _get(model).push(worker, ticket, grads)
+@_transport.deferred
+def _rpc_push_pull(model: str, worker: int, ticket: Ticket, grads: List[torch.Tensor], lr: Optional[float],
+                   clock: int, after_step: int) -> torch.futures.Future:
+    return _get(model).push_pull(worker, ticket, grads, lr, clock, after_step)
+
+
+def _rpc_push(model: str, worker: int, ticket: Ticket, grads: List[torch.Tensor], lr: Optional[float] = None):
+    return _get(model).push(worker, ticket, grads, lr)
+
+
+@_transport.deferred
+def _rpc_wait_finished(model: str) -> torch.futures.Future:
+    return _get(model).when_all_finished()
 
 
 def _rpc_finish(model: str, worker: int) -> int:
