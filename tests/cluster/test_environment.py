@@ -20,6 +20,7 @@ def test_replicas_are_chief_then_workers_and_ps_has_no_rank():
     assert [(env_for(j, i).get("RANK"), env_for(j, i)["WORLD_SIZE"]) for j, i in [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]] == [
         ("0", "3"), ("1", "3"), ("2", "3"), (None, "3")
     ]
+    assert "LOCAL_RANK" not in env_for("ps", 0) and env_for("worker", 1, local_rank=2)["LOCAL_RANK"] == "2"
 
 
 def test_written_environment_reads_back():

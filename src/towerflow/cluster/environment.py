@@ -65,7 +65,7 @@ def task_environment(
     *,
     master_addr: str,
     master_port: int,
-    local_rank: int = 0,
+    local_rank: int = 0,  # this replica's index among the replicas of its host
     logdir: Optional[str] = None,
     device: Optional[str] = None,
     token: Optional[str] = None,
@@ -78,12 +78,12 @@ def task_environment(
         ENV_TF_CONFIG: json.dumps({"cluster": cluster.as_dict(), "task": {"type": job_name, "index": task_index}}),
         ENV_MASTER_ADDR: master_addr,
         ENV_MASTER_PORT: str(master_port),
-        ENV_LOCAL_RANK: str(local_rank),
     }
     replicas = [(t.job, t.task) for t in cluster.replicas()]
     env[ENV_WORLD_SIZE] = str(len(replicas))
-    if (job_name, task_index) in replicas:
+    if (job_name, task_index) in replicas:  # ps tasks are not in the replicas' process group
         env[ENV_RANK] = str(replicas.index((job_name, task_index)))
+        env[ENV_LOCAL_RANK] = str(local_rank)
     if logdir:
         env[ENV_LOGDIR] = logdir
     if device:

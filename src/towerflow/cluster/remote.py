@@ -169,10 +169,11 @@ def _is_here(spec: DeviceSpec) -> bool:
 
 
 def _log_call(fn_name: str, spec: DeviceSpec, args: tuple, kwargs: dict) -> None:
-    from towerflow.placement.log import PlacementRecord, logger, recorder
+    from towerflow.placement.log import PlacementRecord, recorder
     from towerflow import config as _config
 
-    if not getattr(_config.current(), "log_device_placement", False):
+    mode = getattr(_config.current(), "log_device_placement", False)
+    if not mode:
         return
     nbytes = sum(
         v.numel() * v.element_size() for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor)
@@ -181,7 +182,7 @@ def _log_call(fn_name: str, spec: DeviceSpec, args: tuple, kwargs: dict) -> None
     record = PlacementRecord(
         op=recorder.unique_name(fn_name), op_type="RemoteCall", device=device.to_string(), bytes_moved=nbytes
     )
-    recorder.add(record, emit_line=True)
+    recorder.add(record, emit_line=mode is True)  # "summary" keeps records without printing lines
 
 
 def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -> RemoteFuture:

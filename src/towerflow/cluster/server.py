@@ -134,6 +134,14 @@ class Server:
         c = self.cluster.coordinator()
         return (c.job, c.task) == (self.job_name, self.task_index)
 
+    @classmethod
+    def create_local_server(cls, **kwargs) -> "Server":
+        """TF's `tf.train.Server.create_local_server()`: a one-task cluster on a free loopback port."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return cls({"localhost": [f"localhost:{port}"]}, "localhost", 0, **kwargs)
+
     @staticmethod
     def local_name() -> str:
         """This process's task as '/job:worker/task:1' ('/job:localhost/task:0' outside a cluster)."""
@@ -378,7 +386,7 @@ class Server:
                         task=self.name,
                         missing=[_task_name(t.job, t.task) for t in missing],
                     )
-                time.sleep(_POLL)
+                time.sleep(2 * _POLL)
         except ClusterError:
             self._close(graceful=False)
             raise

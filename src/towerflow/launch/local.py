@@ -109,7 +109,7 @@ def plan_local(
     tasks = []
     for t in cluster.tasks():
         device = device_list[t.task] if t.job == "worker" and device_list else None
-        local_rank = t.task if t.job == "worker" else 0
+        local_rank = cluster.replicas().index(t) if t in cluster.replicas() else 0  # all replicas share this host
         env = _env.task_environment(
             cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port, local_rank=local_rank,
             logdir=logdir, device=device, token=token,
