@@ -10,6 +10,7 @@ import time
 import pytest
 
 import towerflow
+from towerflow.devices.logical import set_local_task
 from _cluster_procs import Procs, free_ports, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
@@ -19,10 +20,12 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture(autouse=True)
 def task_env(monkeypatch):
-    # Server records its task in the environment; restore it after each test.
+    # A Server makes this process its task (environment, device names); undo that after each test.
     for name in ("TOWERFLOW_JOB_NAME", "TOWERFLOW_TASK_INDEX", "TOWERFLOW_CLUSTER_TOKEN", "TOWERFLOW_CLUSTER_TOKEN_FILE", "TP_SOCKET_IFNAME"):
         monkeypatch.setenv(name, "x")
         monkeypatch.delenv(name)
+    yield
+    set_local_task("localhost", 0)  # drops the cached names; monkeypatch then unsets the variables again
 
 
 @pytest.fixture(scope="module")

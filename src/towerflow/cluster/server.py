@@ -183,9 +183,9 @@ class Server:
         return self
 
     def _set_local_task(self) -> None:
-        # The placement layer reads these to know which task it is (devices.logical.local_task).
-        os.environ[_env.ENV_JOB_NAME] = self.job_name
-        os.environ[_env.ENV_TASK_INDEX] = str(self.task_index)
+        from towerflow.devices.logical import set_local_task
+
+        set_local_task(self.job_name, self.task_index)  # device names and cached placements follow
         hosts = [split_address(a)[0] for j in self.cluster.jobs for a in self.cluster.job_tasks(j)]
         if all(_same_place(h) == "127.0.0.1" for h in hosts):
             os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback too
