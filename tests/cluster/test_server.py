@@ -23,3 +23,16 @@ def test_cluster_runs_remote_calls_and_shuts_down_in_any_start_order(procs):
         assert f"CHECK {check} ok" in client, procs.describe()
     assert all("DONE" in t.out for t in tasks)
     assert not any(t.group_alive() for t in tasks), "a task left a process behind"
+
+
+def test_join_fails_naming_a_task_that_was_killed(procs):
+    from _cluster_procs import wait_until
+
+    cluster = json.dumps({"worker": [f"localhost:{p}" for p in free_ports(2)]})
+    env = {"TOWERFLOW_HEARTBEAT_TIMEOUT": "2"}
+    w0 = procs.python("_serve.py", cluster, "worker", "0", env=env, label="worker0")
+    w1 = procs.python("_serve.py", cluster, "worker", "1", "busy", env=env, label="worker1")
+    wait_until(lambda: "UP" in w0.out and "UP" in w1.out, 45, "both tasks up")
+    w1.kill_group()  # kill -9: no exit hook runs, nothing says it is done
+    assert w0.wait(30) != 0
+    assert "/job:worker/task:1" in w0.err and "stopped answering: no heartbeat for 2 s" in w0.err, procs.describe()

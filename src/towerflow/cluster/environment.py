@@ -22,6 +22,7 @@ ENV_DEVICE = "TOWERFLOW_DEVICE"  # the local device a replica should use (--devi
 ENV_CLUSTER_TOKEN = "TOWERFLOW_CLUSTER_TOKEN"  # the secret every task presents when it joins
 ENV_CLUSTER_TOKEN_FILE = "TOWERFLOW_CLUSTER_TOKEN_FILE"  # ... or a file holding it
 ENV_JOIN_TIMEOUT = "TOWERFLOW_JOIN_TIMEOUT"  # seconds a task waits for the others (default 60)
+ENV_HEARTBEAT_TIMEOUT = "TOWERFLOW_HEARTBEAT_TIMEOUT"  # seconds of silence before a task counts as dead (default 15)
 ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher restarted this task
 # TensorFlow's
 ENV_TF_CONFIG = "TF_CONFIG"

@@ -32,6 +32,8 @@ from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, C
 DEFAULT_JOIN_TIMEOUT = 60.0
 _SAY_EVERY = 5.0  # seconds between repeated waiting messages
 _POLL = 0.1
+_BEAT_EVERY = 1.0  # each task bumps its heartbeat counter in the store this often
+DEFAULT_HEARTBEAT_TIMEOUT = 15.0
 
 _current: Optional["Server"] = None  # this process's server; one per process, as in TF
 _current_lock = threading.Lock()
@@ -104,6 +106,9 @@ class Server:
         self._started = False
         self._stopped = False
         self._failure: Optional[str] = None
+        self._beating = threading.Event()
+        self._beat_thread: Optional[threading.Thread] = None
+        self.heartbeat_timeout = float(os.environ.get(_env.ENV_HEARTBEAT_TIMEOUT) or DEFAULT_HEARTBEAT_TIMEOUT)
         if start:
             self.start()
 
@@ -174,6 +179,7 @@ class Server:
             self._wait_for_all("slot", deadline, "tasks up")
             _transport.start_rpc(self._store, rpc_name(self.job_name, self.task_index), self._rank(), self.rpc_timeout)
             self._store.set(self._key("up"), "1")
+            self._start_heartbeat()
             self._wait_for_all("up", deadline, "tasks connected")
         except BaseException:
             self._close(graceful=False)
@@ -369,6 +375,7 @@ class Server:
         self._store.set(self._key("done"), "1")
         deadline = None if timeout is None else time.monotonic() + timeout
         tasks = self.cluster.tasks()
+        seen: Dict[str, tuple] = {}  # task -> (last heartbeat count, when it last changed)
         try:
             while True:
                 for t in tasks:
@@ -379,6 +386,7 @@ class Server:
                 missing = [t for t in tasks if not self._store.check([self._key("done", t.job, t.task)])]
                 if not missing:
                     break
+                self._check_heartbeats(missing, seen)
                 if deadline is not None and time.monotonic() > deadline:
                     raise ClusterTimeoutError(
                         f"{self.name}: tasks still running after {timeout:g} s: "
@@ -394,6 +402,36 @@ class Server:
             self._close(graceful=False)
             raise ClusterError(f"{self.name} lost the cluster's coordinator while waiting for the others: {e}") from None
         self._close(graceful=True)
+
+    def _start_heartbeat(self) -> None:
+        store, key = self._store, self._key("beat")
+
+        def beat() -> None:
+            while not self._beating.wait(_BEAT_EVERY):
+                try:
+                    store.add(key, 1)
+                except Exception:  # the coordinator is gone; join() reports it
+                    return
+
+        self._beat_thread = threading.Thread(target=beat, name=f"towerflow-heartbeat {self.name}", daemon=True)
+        self._beat_thread.start()
+
+    def _check_heartbeats(self, running: List[DeviceSpec], seen: Dict[str, tuple]) -> None:
+        """A task that stopped beating without saying it is done was killed or hangs: fail instead of waiting forever."""
+        now = time.monotonic()
+        for t in running:
+            name = _task_name(t.job, t.task)
+            count = self._store.add(self._key("beat", t.job, t.task), 0)
+            last = seen.get(name)
+            if last is None or last[0] != count:
+                seen[name] = (count, now)
+            elif now - last[1] > self.heartbeat_timeout:
+                raise ClusterError(
+                    f"{name} at {self.cluster.task_address(t.job, t.task)} stopped answering: no heartbeat for "
+                    f"{self.heartbeat_timeout:g} s and it never finished. It was killed or is hung; restart the "
+                    f"cluster (the wait is {_env.ENV_HEARTBEAT_TIMEOUT}).",
+                    task=name,
+                )
 
     def abort(self, reason: str) -> None:
         """Tell the others this task failed (their join() raises with `reason`) and leave at once."""
@@ -411,6 +449,9 @@ class Server:
         if self._stopped:
             return
         self._stopped = True
+        self._beating.set()
+        if self._beat_thread is not None:
+            self._beat_thread.join(2 * _BEAT_EVERY)
         try:
             if graceful:
                 tasks = self.cluster.tasks()
