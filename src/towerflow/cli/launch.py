@@ -51,6 +51,20 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _warn_without_token(cluster) -> None:
+    from towerflow.cluster.environment import ENV_CLUSTER_TOKEN, ENV_CLUSTER_TOKEN_FILE
+    from towerflow.cluster.spec import _same_place, split_address
+
+    hosts = {_same_place(split_address(a)[0]) for job in cluster.jobs for a in cluster.job_tasks(job)}
+    if hosts != {"127.0.0.1"} and not (os.environ.get(ENV_CLUSTER_TOKEN) or os.environ.get(ENV_CLUSTER_TOKEN_FILE)):
+        print(
+            f"towerflow launch: warning: no cluster token ({ENV_CLUSTER_TOKEN} or {ENV_CLUSTER_TOKEN_FILE}) for a cluster "
+            "on other hosts; any process that reaches these ports can join it and run code. Set the same token on "
+            "every host (docs/cluster.md).",
+            file=sys.stderr,
+        )
+
+
 def run(args) -> int:
     from towerflow.errors import TowerflowError
     from towerflow.launch import Supervisor, plan_local, plan_one
@@ -65,6 +79,7 @@ def run(args) -> int:
             if args.ps or args.workers or args.chief or args.devices or args.nproc:
                 raise TowerflowError("--cluster runs one task of a given cluster; drop --ps/--workers/--chief/--devices/--nproc")
             plan = plan_one(argv, args.cluster, args.job_name, args.task_index, logdir=logdir, master_port=args.master_port)
+            _warn_without_token(plan.cluster)
         else:
             plan = plan_local(
                 argv, ps=args.ps, workers=args.workers, chief=args.chief, devices=args.devices, nproc=args.nproc,

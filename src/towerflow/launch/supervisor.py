@@ -80,8 +80,11 @@ class _Running:
             if keep:
                 self.tail.append(line)
             with lock:
-                sink.write(prefix + line + "\n")
-                sink.flush()
+                try:
+                    sink.write(prefix + line + "\n")
+                    sink.flush()
+                except (OSError, ValueError):  # our own output is gone (a closed pipe): keep draining the task's
+                    pass
         stream.close()
 
     def signal_group(self, sig: int) -> None:
