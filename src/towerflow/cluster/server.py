@@ -382,6 +382,7 @@ class Server:
                     key = self._key("failed", t.job, t.task)
                     if self._store.check([key]):
                         reason = self._store.get(key).decode()
+                        self._store.set(self._key("left"), "1")  # lets a failed coordinator stop waiting for us
                         raise ClusterError(f"{_task_name(t.job, t.task)} failed: {reason}", task=_task_name(t.job, t.task))
                 missing = [t for t in tasks if not self._store.check([self._key("done", t.job, t.task)])]
                 if not missing:
@@ -441,9 +442,17 @@ class Server:
         try:
             if self._store is not None:
                 self._store.set(self._key("failed"), reason[-4000:])
+                if self.is_coordinator:  # keep the store up until the others have read why (or 3 s)
+                    self._wait_left(3.0)
         except Exception:
             pass
         self._close(graceful=False)
+
+    def _wait_left(self, seconds: float) -> None:
+        others = [t for t in self.cluster.tasks() if (t.job, t.task) != (self.job_name, self.task_index)]
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not all(self._store.check([self._key("left", t.job, t.task)]) for t in others):
+            time.sleep(_POLL)
 
     def _close(self, graceful: bool) -> None:
         if self._stopped:
@@ -454,15 +463,10 @@ class Server:
             self._beat_thread.join(2 * _BEAT_EVERY)
         try:
             if graceful:
-                tasks = self.cluster.tasks()
                 _transport.stop_rpc(graceful=True)
                 self._store.set(self._key("left"), "1")
                 if self.is_coordinator:  # the store must outlive everyone's leave
-                    end = time.monotonic() + 30
-                    while time.monotonic() < end and not all(
-                        self._store.check([self._key("left", t.job, t.task)]) for t in tasks
-                    ):
-                        time.sleep(_POLL)
+                    self._wait_left(30.0)
             else:
                 _transport.stop_rpc(graceful=False)
         except Exception:
