@@ -20,7 +20,15 @@ def test_replicas_are_chief_then_workers_and_ps_has_no_rank():
     assert [(env_for(j, i).get("RANK"), env_for(j, i)["WORLD_SIZE"]) for j, i in [("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0)]] == [
         ("0", "3"), ("1", "3"), ("2", "3"), (None, "3")
     ]
-    assert "LOCAL_RANK" not in env_for("ps", 0) and env_for("worker", 1, local_rank=2)["LOCAL_RANK"] == "2"
+    assert "LOCAL_RANK" not in env_for("ps", 0)
+
+
+def test_local_rank_counts_the_replicas_on_the_same_host():
+    cluster = ClusterSpec({"chief": ["a:1"], "worker": ["a:2", "b:1", "localhost:3", "127.0.0.1:4"]})
+    local = lambda job, i: (lambda e: (e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]))(task_environment(cluster, job, i, master_addr="a", master_port=9))
+    assert [local("chief", 0), local("worker", 0), local("worker", 1), local("worker", 2), local("worker", 3)] == [
+        ("0", "2"), ("1", "2"), ("0", "1"), ("0", "2"), ("1", "2")
+    ]
 
 
 def test_written_environment_reads_back():

@@ -30,8 +30,8 @@ def test_join_fails_naming_a_task_that_was_killed(procs):
 
     cluster = json.dumps({"worker": [f"localhost:{p}" for p in free_ports(2)]})
     env = {"TOWERFLOW_HEARTBEAT_TIMEOUT": "2"}
-    w0 = procs.python("_serve.py", cluster, "worker", "0", env=env, label="worker0")
-    w1 = procs.python("_serve.py", cluster, "worker", "1", "busy", env=env, label="worker1")
+    w0 = procs.python("_cluster_serve.py", cluster, "worker", "0", env=env, label="worker0")
+    w1 = procs.python("_cluster_serve.py", cluster, "worker", "1", "busy", env=env, label="worker1")
     wait_until(lambda: "UP" in w0.out and "UP" in w1.out, 45, "both tasks up")
     w1.kill_group()  # kill -9: no exit hook runs, nothing says it is done
     assert w0.wait(30) != 0
@@ -40,8 +40,8 @@ def test_join_fails_naming_a_task_that_was_killed(procs):
 
 def test_a_task_that_raises_makes_the_others_fail_with_its_traceback(procs):
     cluster = json.dumps({"worker": [f"localhost:{p}" for p in free_ports(2)]})
-    w0 = procs.python("_serve.py", cluster, "worker", "0", "fail", label="worker0")  # the coordinator fails
-    w1 = procs.python("_serve.py", cluster, "worker", "1", label="worker1")
+    w0 = procs.python("_cluster_serve.py", cluster, "worker", "0", "fail", label="worker0")  # the coordinator fails
+    w1 = procs.python("_cluster_serve.py", cluster, "worker", "1", label="worker1")
     assert w0.wait(45) == 1 and w1.wait(45) == 1, procs.describe()
     assert "RuntimeError: task broke on purpose" in w0.err
     assert "ClusterError: /job:worker/task:0 failed: Traceback" in w1.err and "task broke on purpose" in w1.err, procs.describe()

@@ -35,7 +35,7 @@ def half_cluster(tmp_path_factory):
     ports = free_ports(3)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     env = {"TOWERFLOW_CLUSTER_TOKEN": TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "60"}
-    tasks = [procs.python("_serve.py", json.dumps(cluster), "worker", str(i), env=env, label=f"worker{i}") for i in (0, 1)]
+    tasks = [procs.python("_cluster_serve.py", json.dumps(cluster), "worker", str(i), env=env, label=f"worker{i}") for i in (0, 1)]
     try:
         wait_until(lambda: "2 of 3 tasks up" in tasks[0].err, 30, "the coordinator to report 2 of 3 tasks up")
         yield cluster, tasks

@@ -13,7 +13,7 @@ import time
 
 mode, folder = sys.argv[1], sys.argv[2]
 name = f"{os.environ['TOWERFLOW_JOB_NAME']}:{os.environ['TOWERFLOW_TASK_INDEX']}"
-keys = ("TOWERFLOW_JOB_NAME", "TOWERFLOW_TASK_INDEX", "TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+keys = ("TOWERFLOW_JOB_NAME", "TOWERFLOW_TASK_INDEX", "TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
         "MASTER_PORT", "TOWERFLOW_LOGDIR", "TOWERFLOW_DEVICE", "TOWERFLOW_CLUSTER_TOKEN")
 if mode == "env":
     print(json.dumps({k: os.environ.get(k) for k in keys}))

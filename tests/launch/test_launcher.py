@@ -41,8 +41,8 @@ def test_each_task_gets_its_role_and_the_environment_contract(launcher, tmp_path
             envs[m.group(1)] = json.loads(m.group(2))
     assert sorted(envs) == ["chief:0", "ps:0", "worker:0", "worker:1"]
     assert "[worker:1] to stderr" in run.err  # stderr is prefixed too
-    ranks = {k: (v["RANK"], v["LOCAL_RANK"], v["WORLD_SIZE"]) for k, v in envs.items()}
-    assert ranks == {"chief:0": ("0", "0", "3"), "worker:0": ("1", "1", "3"), "worker:1": ("2", "2", "3"), "ps:0": (None, None, "3")}
+    ranks = {k: (v["RANK"], v["LOCAL_RANK"], v["LOCAL_WORLD_SIZE"], v["WORLD_SIZE"]) for k, v in envs.items()}
+    assert ranks == {"chief:0": ("0", "0", "3", "3"), "worker:0": ("1", "1", "3", "3"), "worker:1": ("2", "2", "3", "3"), "ps:0": (None, None, None, "3")}
     for name, env in envs.items():
         job, index = name.split(":")
         tf = json.loads(env["TF_CONFIG"])

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Dict, Mapping, Optional, Sequence
 
-from towerflow.cluster.spec import ClusterSpec, parse_flags, parse_tf_config
+from towerflow.cluster.spec import ClusterSpec, _same_place, parse_flags, parse_tf_config, split_address
 from towerflow.devices.logical import ENV_JOB_NAME, ENV_TASK_INDEX
 from towerflow.errors import ClusterSpecError
 
@@ -27,7 +27,7 @@ ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher res
 # TensorFlow's
 ENV_TF_CONFIG = "TF_CONFIG"
 # torchrun's, for the process group of training replicas (chief, then workers; no ps)
-ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK = "RANK", "WORLD_SIZE", "LOCAL_RANK"
+ENV_RANK, ENV_WORLD_SIZE, ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE = "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 ENV_MASTER_ADDR, ENV_MASTER_PORT = "MASTER_ADDR", "MASTER_PORT"
 
 CONTRACT = (
@@ -37,6 +37,7 @@ CONTRACT = (
     ENV_RANK,
     ENV_WORLD_SIZE,
     ENV_LOCAL_RANK,
+    ENV_LOCAL_WORLD_SIZE,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_LOGDIR,
@@ -66,7 +67,6 @@ def task_environment(
     *,
     master_addr: str,
     master_port: int,
-    local_rank: int = 0,  # this replica's index among the replicas of its host
     logdir: Optional[str] = None,
     device: Optional[str] = None,
     token: Optional[str] = None,
@@ -84,7 +84,11 @@ def task_environment(
     env[ENV_WORLD_SIZE] = str(len(replicas))
     if (job_name, task_index) in replicas:  # ps tasks are not in the replicas' process group
         env[ENV_RANK] = str(replicas.index((job_name, task_index)))
-        env[ENV_LOCAL_RANK] = str(local_rank)
+        # LOCAL_*: among the replicas whose address names this task's host, as torchrun counts them
+        host = _host_of(cluster, job_name, task_index)
+        local = [r for r in replicas if _host_of(cluster, *r) == host]
+        env[ENV_LOCAL_RANK] = str(local.index((job_name, task_index)))
+        env[ENV_LOCAL_WORLD_SIZE] = str(len(local))
     if logdir:
         env[ENV_LOGDIR] = logdir
     if device:
@@ -92,6 +96,10 @@ def task_environment(
     if token:
         env[ENV_CLUSTER_TOKEN] = token
     return env
+
+
+def _host_of(cluster: ClusterSpec, job: str, index: int) -> str:
+    return _same_place(split_address(cluster.task_address(job, index))[0])
 
 
 def read_task(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None) -> TaskInfo:

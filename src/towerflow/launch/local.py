@@ -109,9 +109,8 @@ def plan_local(
     tasks = []
     for t in cluster.tasks():
         device = device_list[t.task] if t.job == "worker" and device_list else None
-        local_rank = cluster.replicas().index(t) if t in cluster.replicas() else 0  # all replicas share this host
         env = _env.task_environment(
-            cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port, local_rank=local_rank,
+            cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port,
             logdir=logdir, device=device, token=token,
         )
         tasks.append(TaskProcessSpec(t.job, t.task, list(script_argv), env))
@@ -134,8 +133,5 @@ def plan_one(
     host, port = split_address(cluster.task_address(first.job, first.task))
     if master_port is None:
         master_port = port + MASTER_PORT_OFFSET if port + MASTER_PORT_OFFSET <= 65535 else port - MASTER_PORT_OFFSET
-    local_rank = 0
-    env = _env.task_environment(
-        cluster, job_name, task_index, master_addr=host, master_port=master_port, local_rank=local_rank, logdir=logdir
-    )
+    env = _env.task_environment(cluster, job_name, task_index, master_addr=host, master_port=master_port, logdir=logdir)
     return LaunchPlan(cluster, [TaskProcessSpec(job_name, task_index, list(script_argv), env)])
