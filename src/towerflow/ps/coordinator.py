@@ -100,6 +100,8 @@ class Coordinator:
     def pull(self, request: PullRequest):
         """A worker asks for parameters: Go now, or Wait until a push or finish releases it."""
         self._check_worker(request.worker)
+        if request.worker not in self.active:  # a finished worker reading the final values waits for no one
+            return Go(request, self.policy.ticket(self, request))
         reason = self.policy.pull_blocker(self, request)
         if reason is None:
             return Go(request, self.policy.ticket(self, request))

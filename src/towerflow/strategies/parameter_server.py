@@ -52,6 +52,15 @@ def _env_int(name: str) -> Optional[int]:
         raise StrategyError(f"{name}={text!r} in the environment: expected an integer") from None
 
 
+def _share_cpus(cluster) -> None:
+    """Tasks that share this host's CPUs split its cores (3 tasks x all cores each thrash on a laptop)."""
+    from towerflow.cluster.spec import _same_place, split_address
+
+    local = [a for j in cluster.jobs for a in cluster.job_tasks(j) if _same_place(split_address(a)[0]) == "127.0.0.1"]
+    if len(local) > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(local)))
+
+
 class _Channel:
     """This worker's link to one ps task: which parameter pieces go there, reused push buffers, its ticket."""
 
@@ -146,6 +155,8 @@ class ParameterServerStrategy(Strategy):
         super().__init__(torch_device, device_name, num_replicas=len(replicas), replica_id=replicas.index(here))
         if torch_device.type == "cuda":
             torch.cuda.set_device(torch_device)
+        elif "OMP_NUM_THREADS" not in os.environ:
+            _share_cpus(cluster)
         self.mode = mode or os.environ.get(ENV_MODE) or "async"
         if replicas_to_aggregate is None:
             replicas_to_aggregate = _env_int(ENV_REPLICAS_TO_AGGREGATE)
@@ -314,11 +325,14 @@ class ParameterServerStrategy(Strategy):
         for f in [_transport.call_async(ch.to, _service._rpc_finish, args=(self.model_name, self.replica_id)) for ch in self._channels]:
             f.wait()
 
-    def wait_for_workers(self) -> int:
-        """finish(), then wait until every worker has finished; returns the final global step."""
+    def wait_for_workers(self, refresh: bool = True) -> int:
+        """finish(), wait until every worker has finished, and (`refresh`) pull the final values into
+        the model, for the chief's evaluation and checkpoint; returns the final global step."""
         self.finish()
         futures = [_transport.call_async(ch.to, _service._rpc_wait_finished, args=(self.model_name,)) for ch in self._channels]
         steps = [f.wait() for f in futures]
+        if refresh and self._channels:
+            self._install(self._pull(self._pushes))
         self.global_step = steps[0] if steps else self.global_step
         return self.global_step
 

@@ -1,0 +1,99 @@
+"""MNIST with parameter servers, in any of the three modes.
+
+    towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --mode async
+    towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --mode sync
+    towerflow launch --ps 1 --workers 3 examples/mnist_ps.py --data ../shared/data/mnist-t10k --mode sync --replicas-to-aggregate 2
+    towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --mode ssp --staleness 2
+
+The model of examples/mnist_sync.py (MNIST-t10k: first 8,000 images train, last 2,000 test;
+scikit-learn's 8x8 digits without --data). The variables and Adam live on the ps; every
+worker reads its own shard of the data. --steps counts global steps, as TF's StopAtStepHook
+does: an update in sync mode, a push otherwise. The chief evaluates the final variables.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+import towerflow
+from towerflow.data import load_mnist_or_digits
+from towerflow.training import cosine_decay, save_metrics
+
+
+def build_model(side: int) -> nn.Module:
+    """Two conv/pool blocks and a classifier (as examples/mnist_sync.py)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * (side // 4) ** 2, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=os.environ.get("TOWERFLOW_DATA"), help="folder with MNIST t10k IDX files")
+    p.add_argument("--steps", type=int, default=600, help="global steps")
+    p.add_argument("--batch-size", "--batch_size", type=int, default=64, help="global batch size, split across workers")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--mode", default=os.environ.get("TOWERFLOW_PS_MODE", "async"), choices=["async", "sync", "ssp"])
+    p.add_argument("--replicas-to-aggregate", "--replicas_to_aggregate", type=int, default=None)
+    p.add_argument("--staleness", type=int, default=None, help="ssp bound k (default 0)")
+    p.add_argument("--prefetch", action="store_true", help="pull the next values while computing (async, ssp)")
+    p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"))
+    p.add_argument("--seed", type=int, default=0)
+    args, _ = p.parse_known_args(argv)  # the cluster flags (--ps_hosts ...) are the Server's
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    towerflow.set_seed(args.seed)
+    strategy = towerflow.ParameterServerStrategy(  # on a ps task this serves until the workers are done, then exits
+        mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, prefetch=args.prefetch
+    )
+    split = load_mnist_or_digits(args.data)
+    strategy.print(f"{strategy}; data {split.name}: {len(split.train)} train / {len(split.test)} test")
+
+    model = build_model(split.train.tensors[0].shape[-1])
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    model, optimizer = strategy.setup(model, optimizer, lr_schedule=cosine_decay(args.lr, args.steps, alpha=0.05))
+    train = strategy.distribute_loader(split.train, global_batch_size=args.batch_size, seed=args.seed)
+
+    start = time.perf_counter()
+    losses = []
+    for batch in train.forever():
+        if strategy.global_step >= args.steps:
+            break
+        loss = towerflow.train_step(strategy, model, optimizer, batch, F.cross_entropy)
+        losses.append(float(loss))
+        if strategy.is_chief and len(losses) % 100 == 0:
+            print(f"step {strategy.global_step}/{args.steps}  loss {sum(losses[-100:]) / 100:.4f}", flush=True)
+    elapsed = time.perf_counter() - start
+    m = strategy.metrics()
+    print(f"worker {strategy.replica_id}: {m['steps']} steps at {m['steps_per_s']:.1f} steps/s, "
+          f"{m['pushes_dropped']} pushes dropped, staleness {m['staleness_histogram']}", flush=True)
+    if not strategy.is_chief:
+        strategy.shutdown()
+        return None
+    strategy.wait_for_workers()  # then evaluate the final variables
+    ps = strategy.ps_metrics()
+    test = ((x.to(strategy.device), y.to(strategy.device)) for x, y in DataLoader(split.test, batch_size=500))
+    metrics = towerflow.evaluate(strategy, model, test)
+    print(f"{strategy.global_step} global steps in {elapsed:.1f}s; ps: "
+          + "; ".join(f"{t}: {p['applied_updates']} updates, {p['dropped_stale']} stale dropped" for t, p in ps.items()),
+          flush=True)
+    if args.logdir:
+        save_metrics(args.logdir, {**metrics, "global_step": strategy.global_step, "mode": args.mode, "ps": ps,
+                                   "worker": m})
+    print(f"test accuracy: {metrics['accuracy']:.4f}", flush=True)
+    strategy.shutdown()
+    return metrics["accuracy"]
+
+
+if __name__ == "__main__":
+    main()

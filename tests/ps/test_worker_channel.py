@@ -1,0 +1,43 @@
+"""The worker's side of the wire without a network: packing gradients and installing pulled values."""
+
+from __future__ import annotations
+
+import torch
+
+from towerflow.ps import plan_layout
+from towerflow.ps.policies import Ticket
+from towerflow.strategies.parameter_server import _Channel
+
+
+def _params():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Embedding(11, 3), torch.nn.Linear(3, 2))
+    return dict(m.named_parameters())
+
+
+def test_gather_packs_every_tasks_pieces_like_the_layout_and_reuses_its_buffers():
+    params = _params()
+    layout = plan_layout(params, 2, partition={"0.weight": 2})
+    for p in params.values():
+        p.grad = torch.randn_like(p)
+    params["1.bias"].grad = None  # a parameter without a gradient pushes zeros
+    grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)) for k, p in params.items()}
+    for task in range(2):
+        ch = _Channel(task, layout, params, torch.device("cpu"))
+        first = ch.gather(0)
+        assert [torch.equal(a, b) for a, b in zip(first, layout.pack(task, grads).values())] == [True] * len(first)
+        assert first[0].data_ptr() == ch.gather(0)[0].data_ptr()  # the same buffer every other step
+        assert first[0].data_ptr() != ch.gather(1)[0].data_ptr()
+
+
+def test_install_writes_pulled_values_into_the_parameters_in_place():
+    params = _params()
+    layout = plan_layout(params, 3, "greedy", partition={"0.weight": 3})
+    ptrs = {k: p.data_ptr() for k, p in params.items()}
+    new = {k: torch.randn_like(p) for k, p in params.items()}
+    for task in range(3):
+        ch = _Channel(task, layout, params, torch.device("cpu"))
+        ch.install(Ticket(7), list(layout.pack(task, new).values()), torch.device("cpu"))
+        assert ch.ticket == Ticket(7)
+    for k, p in params.items():
+        assert torch.equal(p.detach(), new[k]) and p.data_ptr() == ptrs[k]
