@@ -36,10 +36,13 @@ def test_tf_config_hosts_give_the_local_replica_count():
     assert env.local_world_size == 1 and env.is_multi_host
 
 
-def test_a_ps_job_needs_a_parameter_server_strategy():
+def test_a_ps_job_selects_the_registered_parameter_server_strategy():
     tf_config = json.dumps({"cluster": {"ps": ["a:1"], "worker": ["a:2"]}, "task": {"type": "worker", "index": 0}})
+    env = read_env({"TF_CONFIG": tf_config})
+    builtin = {k: v for k, v in NAMES.items() if k != "parameter_server"}
     with pytest.raises(StrategyError, match="parameter-server"):
-        _choose({"TF_CONFIG": tf_config})
+        choose_strategy(env, None, builtin)
+    assert choose_strategy(env, None, {**builtin, "parameter_server": object}) == "parameter_server"
 
 
 def test_unknown_names_and_bad_values_say_what_to_do():

@@ -71,6 +71,11 @@ class Strategy:
         """True on the replica that prints, evaluates for the record and writes checkpoints."""
         return self.replica_id == 0
 
+    @property
+    def is_batch_empty(self) -> bool:
+        """True when this replica's loader handed it no samples for this step (a tail shorter than the replicas)."""
+        return self._batch_is_empty
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(replica {self.replica_id} of {self.num_replicas_in_sync} "

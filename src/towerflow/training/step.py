@@ -18,7 +18,7 @@ def train_step(strategy, model: torch.nn.Module, optimizer, batch: Any, loss_fn:
     optimizer.zero_grad(set_to_none=True)
     with strategy.autocast():
         out = model(inputs)
-        if strategy._batch_is_empty:
+        if strategy.is_batch_empty:
             loss = out.float().sum() * 0.0  # keeps every parameter in the graph so the all-reduce still runs
         else:
             loss = loss_fn(out, targets)
