@@ -104,3 +104,18 @@ def test_set_seed_makes_runs_repeat():
     a = torch.randn(3)
     towerflow.set_seed(3)
     assert torch.equal(a, torch.randn(3))
+
+
+def test_same_seed_same_training_run():
+    def run(seed):
+        towerflow.set_seed(seed)
+        strategy = towerflow.OneDeviceStrategy("/cpu:0")
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))
+        model, opt = strategy.setup(model, torch.optim.Adam(model.parameters()))
+        data = TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,)))
+        for batch in strategy.distribute_loader(data, batch_size=8, seed=seed):
+            towerflow.train_step(strategy, model, opt, batch, F.cross_entropy)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    assert torch.equal(run(5), run(5))
+    assert not torch.equal(run(5), run(6))
