@@ -72,3 +72,12 @@ def test_prefetch_to_gpu_pins_copies_ahead_and_logs_bytes():
     assert all(t.device.type == "cuda" for t in out)
     assert [float(t[0, 0]) for t in out] == [0.0, 1.0, 2.0, 3.0]
     assert towerflow.placement_log().summary().host_to_device_bytes == 4 * 256 * 256 * 4
+
+
+def test_an_iterable_dataset_is_refused_with_the_fix():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(towerflow.DataError, match="map-style dataset"):
+        towerflow.OneDeviceStrategy().distribute_loader(Stream(), batch_size=2)

@@ -21,11 +21,11 @@ import contextlib
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
-from towerflow.errors import StrategyError
+from towerflow.errors import DataError, StrategyError
 from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
 
 MIXED_PRECISION = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -160,6 +160,12 @@ class Strategy:
             raise StrategyError(
                 f"batch_size={batch_size!r}, global_batch_size={global_batch_size!r}: give exactly one "
                 "(batch_size is per replica; global_batch_size is split across the replicas)"
+            )
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise DataError(
+                f"distribute_loader needs a map-style dataset with a length, got {type(dataset).__name__}: deterministic "
+                "sharding indexes it. Wrap the data in a Dataset, or shard an IterableDataset yourself by "
+                "strategy.replica_id / strategy.num_replicas_in_sync"
             )
         total = global_batch_size if global_batch_size is not None else batch_size * self.num_replicas_in_sync
         sampler = ShardSampler(
