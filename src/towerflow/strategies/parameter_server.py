@@ -100,16 +100,26 @@ class _Channel:
 
     @torch.no_grad()
     def install(self, ticket: Ticket, flats: List[torch.Tensor], device: torch.device) -> None:
-        """Copy pulled values into the model's parameters (one foreach copy per dtype)."""
+        """Put pulled values into the model's parameters.
+
+        On the CPU a whole (unpartitioned) variable is re-pointed at its slice of the received
+        buffer, which the transport allocated for this pull anyway: no copy. Row shards, and
+        every variable on a GPU, are copied (one foreach copy per call).
+        """
         self.ticket = ticket
         by_dtype = dict(zip(self.dtypes, flats))
         if device.type != "cpu":
             by_dtype = {d: f.to(device, non_blocking=True) for d, f in by_dtype.items()}
         dsts, srcs = [], []
         for s, p in zip(self.shards, self.params):
-            dsts.append(self._piece(s, p.data))
-            srcs.append(by_dtype[s.dtype][s.offset:s.offset + s.numel].view(s.shape))
-        torch._foreach_copy_(dsts, srcs)
+            src = by_dtype[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
+            if device.type == "cpu" and not s.is_partitioned:
+                p.data = src
+            else:
+                dsts.append(self._piece(s, p.data))
+                srcs.append(src)
+        if dsts:
+            torch._foreach_copy_(dsts, srcs)
 
 
 @register_strategy

@@ -1,0 +1,354 @@
+"""Parameter-server benchmarks (issue 5): wire throughput, overlap, scaling, and loss against time per mode.
+
+    python benchmarks/ps_bench.py                 # every part; prints tables, writes benchmarks/results/
+    python benchmarks/ps_bench.py --parts wire    # one part: wire | loops | scaling | modes
+
+Each part runs as its own local cluster (`towerflow launch --ps 1 --workers N` of this
+script); inside the cluster, ps tasks serve and worker 0 measures and writes JSON.
+
+* wire: one push + one pull of S MB through the strategy (S = 4, 16, 64) against raw loopback
+  TCP in the same run (a socket echo of S MB each way to the ps task, reused buffers).
+* loops: async steps/s of ParameterServerStrategy (prefetch on) against a minimal hand-written
+  pull -> gradient -> push loop over the same transport, for a ~85k and a ~17M parameter MLP.
+* scaling: total async steps/s with 1, 2 and 4 workers (small model).
+* modes: training loss against wall time for async, sync and ssp (k=2) on MNIST-t10k (or
+  digits), 2 workers, one of them slowed; writes benchmarks/results/ps_modes.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+
+# ---------------------------------------------------------------- models
+def small_mlp() -> nn.Module:  # 85,614 parameters
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 100), nn.ReLU(), nn.Linear(100, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def large_mlp() -> nn.Module:  # 16,874,506 parameters
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 3328), nn.ReLU(), nn.Linear(3328, 10))
+
+
+class Blob(nn.Module):
+    """One flat parameter of a given size: what the wire part pushes and pulls."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.p = nn.Parameter(torch.zeros(numel))
+
+
+# ---------------------------------------------------------------- ps-side helpers for the baselines
+_echo_port = None
+_hand = {}
+
+
+def _start_echo() -> int:
+    """On the ps: a loopback TCP echo server (reused buffer), for the raw-TCP baseline; returns its port."""
+    global _echo_port
+    if _echo_port is None:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        _echo_port = srv.getsockname()[1]
+
+        def serve():
+            buf = bytearray(1 << 20)
+            while True:  # one connection per size
+                conn, _ = srv.accept()
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while True:
+                    header = conn.recv(8, socket.MSG_WAITALL)
+                    if len(header) < 8:
+                        conn.close()
+                        break
+                    n = int.from_bytes(header, "little")
+                    if n > len(buf):
+                        buf = bytearray(n)
+                    view = memoryview(buf)
+                    got = 0
+                    while got < n:
+                        got += conn.recv_into(view[got:n])
+                    conn.sendall(view[:n])
+
+        threading.Thread(target=serve, daemon=True).start()
+    return _echo_port
+
+
+def _hand_init(values: torch.Tensor, lr: float) -> None:
+    _hand["p"] = values.clone()
+    _hand["lr"] = lr
+
+
+def _hand_pull() -> torch.Tensor:
+    return _hand["p"]
+
+
+def _hand_push(grad: torch.Tensor) -> None:
+    _hand["p"].sub_(grad, alpha=_hand["lr"])
+
+
+def _by_name():
+    """This file as the module `ps_bench`, so the ps resolves the helpers sent to it by name."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import ps_bench
+
+    return ps_bench
+
+
+# ---------------------------------------------------------------- parts (run on worker 0 inside the cluster)
+def part_wire(strategy, out: dict) -> None:
+    from towerflow.cluster import transport
+
+    port = transport.call_async("ps:0", _by_name()._start_echo).wait()
+    rows = []
+    for mb in (4, 16, 64):
+        numel = mb * (1 << 20) // 4
+        model = Blob(numel)
+        s = type(strategy)(server=strategy.server, model_name=f"blob{mb}", mode="async")
+        model, opt = s.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
+        model.p.grad = torch.zeros(numel)
+        reps = max(5, 160 // mb)
+        for _ in range(2):
+            s._push_and_pull(None)
+        t = time.perf_counter()
+        for _ in range(reps):
+            s._push_and_pull(None)
+        ps_s = (time.perf_counter() - t) / reps
+        s.finish()
+        # raw TCP: send S bytes, get S bytes back, buffers allocated once
+        buf = bytearray(numel * 4)
+        view = memoryview(buf)
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def echo():
+                c.sendall(len(buf).to_bytes(8, "little") + b"")
+                c.sendall(view)
+                got = 0
+                while got < len(buf):
+                    got += c.recv_into(view[got:])
+
+            for _ in range(2):
+                echo()
+            t = time.perf_counter()
+            for _ in range(reps):
+                echo()
+            tcp_s = (time.perf_counter() - t) / reps
+        rows.append({"MB": mb, "ps_push_pull_s": ps_s, "tcp_echo_s": tcp_s, "ps_GBps": 2 * mb / 1024 / ps_s,
+                     "tcp_GBps": 2 * mb / 1024 / tcp_s, "ratio": tcp_s / ps_s})
+    out["wire"] = rows
+
+
+def _hand_loop(model: nn.Module, steps: int, lr: float) -> float:
+    """The minimal loop: pull the flat values, load them, forward/backward, push the flat gradient."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    from towerflow.cluster import transport
+
+    me = _by_name()
+    transport.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(), lr)).wait()
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def one():
+        values = transport.call_async("ps:0", me._hand_pull).wait()
+        vector_to_parameters(values, model.parameters())
+        model.zero_grad()
+        loss_fn(model(x), y).backward()
+        transport.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
+
+    for _ in range(3):
+        one()
+    t = time.perf_counter()
+    for _ in range(steps):
+        one()
+    return steps / (time.perf_counter() - t)
+
+
+def _strategy_loop(strategy, name: str, model: nn.Module, steps: int, lr: float, prefetch: bool = True) -> float:
+    s = type(strategy)(server=strategy.server, model_name=name, mode="async", prefetch=prefetch)
+    model, opt = s.setup(model, torch.optim.SGD(model.parameters(), lr=lr))
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def one():
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        one()
+    t = time.perf_counter()
+    for _ in range(steps):
+        one()
+    rate = steps / (time.perf_counter() - t)
+    s.finish()
+    return rate
+
+
+def part_loops(strategy, out: dict) -> None:
+    rows = []
+    for label, build, steps in (("small (85k)", small_mlp, 300), ("large (16.9M)", large_mlp, 30)):
+        torch.manual_seed(0)
+        hand = _hand_loop(build(), steps, 0.01)
+        ps_plain = _strategy_loop(strategy, f"{label}-plain", build(), steps, 0.01, prefetch=False)
+        ps_prefetch = _strategy_loop(strategy, f"{label}-prefetch", build(), steps, 0.01, prefetch=True)
+        rows.append({"model": label, "hand_steps_s": hand, "ps_steps_s": ps_plain, "ps_prefetch_steps_s": ps_prefetch,
+                     "speedup": ps_prefetch / hand})
+    out["loops"] = rows
+
+
+def part_scaling(strategy, out: dict, steps: int = 200) -> None:
+    rate = _strategy_loop(strategy, "scaling", small_mlp(), steps, 0.01, prefetch=True)
+    out["scaling"] = {"worker": strategy.replica_id, "steps_s": rate}
+
+
+def part_modes(strategy, out: dict, data: str, steps: int, slow: float) -> None:
+    from towerflow.data import load_mnist_or_digits
+
+    split = load_mnist_or_digits(data)
+    side = split.train.tensors[0].shape[-1]
+    curves = {}
+    for mode, opts in (("async", {}), ("sync", {}), ("ssp", {"staleness": 2})):
+        torch.manual_seed(0)
+        s = type(strategy)(server=strategy.server, model_name=f"mode-{mode}", mode=mode, **opts)
+        model = nn.Sequential(nn.Flatten(), nn.Linear(side * side, 100), nn.ReLU(), nn.Linear(100, 10))
+        model, opt = s.setup(model, torch.optim.Adam(model.parameters(), lr=2e-3))
+        loader = s.distribute_loader(split.train, global_batch_size=64, seed=0)
+        loss_fn = nn.CrossEntropyLoss()
+        t0 = time.perf_counter()
+        points = []
+        for x, y in loader.forever():
+            if s.global_step >= steps:
+                break
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if slow and s.replica_id == 1:
+                time.sleep(slow)
+            opt.step()
+            points.append((time.perf_counter() - t0, float(loss), s.global_step))
+        s.finish()
+        curves[mode] = {"points": points, "metrics": s.metrics()}
+    out["modes"] = {"worker": strategy.replica_id, "curves": curves}
+
+
+# ---------------------------------------------------------------- inside the cluster
+def in_cluster(args) -> None:
+    import towerflow
+
+    strategy = towerflow.ParameterServerStrategy(mode="async")  # on a ps task: serves, then exits
+    out: dict = {"worker": strategy.replica_id}
+    if args.part == "wire" and strategy.is_chief:
+        part_wire(strategy, out)
+    elif args.part == "loops" and strategy.is_chief:
+        part_loops(strategy, out)
+    elif args.part == "scaling":
+        part_scaling(strategy, out)
+    elif args.part == "modes":
+        part_modes(strategy, out, args.data, args.mode_steps, args.slow)
+    with open(os.path.join(args.out, f"{args.part}-{strategy.replica_id}.json"), "w") as f:
+        json.dump(out, f)
+    strategy.shutdown()
+
+
+# ---------------------------------------------------------------- the driver
+def launch(part: str, workers: int, out: str, extra) -> list:
+    cmd = [sys.executable, "-m", "towerflow", "launch", "--ps", "1", "--workers", str(workers), os.path.abspath(__file__),
+           "--in-cluster", "--part", part, "--out", out, *extra]
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src")}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{part} with {workers} workers failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return [json.load(open(os.path.join(out, f"{part}-{w}.json"))) for w in range(workers)]
+
+
+def plot_modes(results: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    chief = next(r for r in results if r["worker"] == 0)["modes"]["curves"]
+    for mode, curve in chief.items():
+        pts = curve["points"]
+        k = 20
+        xs = [p[0] for p in pts][k - 1:]
+        ys = [sum(p[1] for p in pts[i - k + 1:i + 1]) / k for i in range(k - 1, len(pts))]
+        ax.plot(xs, ys, label={"ssp": "ssp (k=2)"}.get(mode, mode))
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("training loss (chief, mean of 20 steps)")
+    ax.set_title("1 ps + 2 workers, worker 1 slowed")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default="wire,loops,scaling,modes")
+    p.add_argument("--data", default=os.environ.get("TOWERFLOW_DATA", os.path.join(REPO, "..", "shared", "data", "mnist-t10k")))
+    p.add_argument("--mode-steps", type=int, default=400)
+    p.add_argument("--slow", type=float, default=0.02, help="seconds worker 1 sleeps per step in the modes part")
+    p.add_argument("--in-cluster", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--part", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args, _ = p.parse_known_args()
+    if args.in_cluster:
+        return in_cluster(args)
+    os.makedirs(RESULTS, exist_ok=True)
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="ps-bench-")
+    extra = ["--data", args.data, "--mode-steps", str(args.mode_steps), "--slow", str(args.slow)]
+    summary = {"machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}", "load": os.getloadavg()}
+    parts = args.parts.split(",")
+    if "wire" in parts:
+        summary["wire"] = launch("wire", 1, out, extra)[0]["wire"]
+        print("push+pull through the ps vs raw loopback TCP echo (same run):")
+        for r in summary["wire"]:
+            print(f"  {r['MB']:3d} MB: ps {r['ps_GBps']:.2f} GB/s ({r['ps_push_pull_s'] * 1e3:.1f} ms), "
+                  f"tcp {r['tcp_GBps']:.2f} GB/s ({r['tcp_echo_s'] * 1e3:.1f} ms), ps/tcp {r['ratio']:.2f}")
+    if "loops" in parts:
+        summary["loops"] = launch("loops", 1, out, extra)[0]["loops"]
+        print("async steps/s, 1 worker: hand-written pull->grad->push vs ParameterServerStrategy:")
+        for r in summary["loops"]:
+            print(f"  {r['model']}: hand {r['hand_steps_s']:.1f}, ps {r['ps_steps_s']:.1f}, "
+                  f"ps+prefetch {r['ps_prefetch_steps_s']:.1f} ({r['speedup']:.2f}x)")
+    if "scaling" in parts:
+        summary["scaling"] = {}
+        for n in (1, 2, 4):
+            rates = [r["scaling"]["steps_s"] for r in launch("scaling", n, out, extra)]
+            summary["scaling"][n] = {"total": sum(rates), "per_worker": rates}
+            print(f"  {n} workers: {sum(rates):.1f} steps/s in total ({', '.join(f'{r:.1f}' for r in rates)})")
+    if "modes" in parts:
+        results = launch("modes", 2, out, extra)
+        plot_modes(results, os.path.join(RESULTS, "ps_modes.png"))
+        summary["modes"] = {r["worker"]: {m: {**c["metrics"], "seconds": c["points"][-1][0] if c["points"] else 0,
+                                              "final_loss": sum(p[1] for p in c["points"][-20:]) / max(1, len(c["points"][-20:]))}
+                                          for m, c in r["modes"]["curves"].items()} for r in results}
+        for mode, m in summary["modes"][0].items():
+            print(f"  {mode}: {m['global_step']} global steps in {m['seconds']:.1f}s, chief loss {m['final_loss']:.3f}")
+    with open(os.path.join(RESULTS, "ps_bench.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
