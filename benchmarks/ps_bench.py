@@ -1,6 +1,6 @@
 """Parameter-server benchmarks (issue 5): wire throughput, overlap, scaling, and loss against time per mode.
 
-    python benchmarks/ps_bench.py                 # every part; prints tables, writes benchmarks/results/
+    python benchmarks/ps_bench.py                 # every part; prints tables, writes benchmarks/results/ps_bench.json
     python benchmarks/ps_bench.py --parts wire    # one part: wire | loops | scaling | modes
 
 Each part runs as its own local cluster (`towerflow launch --ps 1 --workers N` of this
@@ -12,7 +12,7 @@ script); inside the cluster, ps tasks serve and worker 0 measures and writes JSO
   pull -> gradient -> push loop over the same transport, for a ~85k and a ~17M parameter MLP.
 * scaling: total async steps/s with 1, 2 and 4 workers (small model).
 * modes: training loss against wall time for async, sync and ssp (k=2) on MNIST-t10k (or
-  digits), 2 workers, one of them slowed; writes benchmarks/results/ps_modes.png.
+  digits), 2 workers, one of them slowed; writes docs/img/ps_modes.png.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -123,33 +124,31 @@ def part_wire(strategy, out: dict) -> None:
         s = type(strategy)(server=strategy.server, model_name=f"blob{mb}", mode="async")
         model, opt = s.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
         model.p.grad = torch.zeros(numel)
-        reps = max(5, 160 // mb)
-        for _ in range(2):
-            s._push_and_pull(None)
-        t = time.perf_counter()
-        for _ in range(reps):
-            s._push_and_pull(None)
-        ps_s = (time.perf_counter() - t) / reps
-        s.finish()
-        # raw TCP: send S bytes, get S bytes back, buffers allocated once
-        buf = bytearray(numel * 4)
+        rounds = max(7, 100 // mb)
+        buf = bytearray(numel * 4)  # raw TCP: send S bytes, get S bytes back, buffers allocated once
         view = memoryview(buf)
+        ps_times, tcp_times = [], []
         with socket.create_connection(("127.0.0.1", port)) as c:
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def echo():
-                c.sendall(len(buf).to_bytes(8, "little") + b"")
+                c.sendall(len(buf).to_bytes(8, "little"))
                 c.sendall(view)
                 got = 0
                 while got < len(buf):
                     got += c.recv_into(view[got:])
 
-            for _ in range(2):
+            for i in range(rounds + 2):  # interleaved, the first two rounds are warm-up
+                t = time.perf_counter()
+                s._push_and_pull(None)
+                t1 = time.perf_counter()
                 echo()
-            t = time.perf_counter()
-            for _ in range(reps):
-                echo()
-            tcp_s = (time.perf_counter() - t) / reps
+                t2 = time.perf_counter()
+                if i >= 2:
+                    ps_times.append(t1 - t)
+                    tcp_times.append(t2 - t1)
+        s.finish()
+        ps_s, tcp_s = statistics.median(ps_times), statistics.median(tcp_times)
         rows.append({"MB": mb, "ps_push_pull_s": ps_s, "tcp_echo_s": tcp_s, "ps_GBps": 2 * mb / 1024 / ps_s,
                      "tcp_GBps": 2 * mb / 1024 / tcp_s, "ratio": tcp_s / ps_s})
     out["wire"] = rows
@@ -194,10 +193,13 @@ def _strategy_loop(strategy, name: str, model: nn.Module, steps: int, lr: float,
 
     for _ in range(3):
         one()
+    global _window
+    wall = time.time()
     t = time.perf_counter()
     for _ in range(steps):
         one()
     rate = steps / (time.perf_counter() - t)
+    _window = (wall, time.time())
     s.finish()
     return rate
 
@@ -214,9 +216,13 @@ def part_loops(strategy, out: dict) -> None:
     out["loops"] = rows
 
 
-def part_scaling(strategy, out: dict, steps: int = 200) -> None:
+_window = (0.0, 0.0)  # wall-clock span of the last timed loop
+
+
+def part_scaling(strategy, out: dict, steps: int = 500) -> None:
     rate = _strategy_loop(strategy, "scaling", small_mlp(), steps, 0.01, prefetch=True)
-    out["scaling"] = {"worker": strategy.replica_id, "steps_s": rate}
+    # wall clock: the driver takes the span from the first worker's start to the last one's end
+    out["scaling"] = {"worker": strategy.replica_id, "steps_s": rate, "steps": steps, "start": _window[0], "end": _window[1]}
 
 
 def part_modes(strategy, out: dict, data: str, steps: int, slow: float) -> None:
@@ -318,8 +324,13 @@ def main() -> None:
 
     out = tempfile.mkdtemp(prefix="ps-bench-")
     extra = ["--data", args.data, "--mode-steps", str(args.mode_steps), "--slow", str(args.slow)]
-    summary = {"machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}", "load": os.getloadavg()}
+    path = os.path.join(RESULTS, "ps_bench.json")
+    summary = json.load(open(path)) if os.path.exists(path) else {}  # parts run now replace their old numbers
+    summary["machine"] = f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+    summary.setdefault("load_average", {})
     parts = args.parts.split(",")
+    for part in parts:
+        summary["load_average"][part] = os.getloadavg()[0]
     if "wire" in parts:
         summary["wire"] = launch("wire", 1, out, extra)[0]["wire"]
         print("push+pull through the ps vs raw loopback TCP echo (same run):")
@@ -335,18 +346,20 @@ def main() -> None:
     if "scaling" in parts:
         summary["scaling"] = {}
         for n in (1, 2, 4):
-            rates = [r["scaling"]["steps_s"] for r in launch("scaling", n, out, extra)]
-            summary["scaling"][n] = {"total": sum(rates), "per_worker": rates}
-            print(f"  {n} workers: {sum(rates):.1f} steps/s in total ({', '.join(f'{r:.1f}' for r in rates)})")
+            rows = [r["scaling"] for r in launch("scaling", n, out, extra)]
+            total = sum(r["steps"] for r in rows) / (max(r["end"] for r in rows) - min(r["start"] for r in rows))
+            summary["scaling"][n] = {"total": total, "per_worker": [r["steps_s"] for r in rows]}
+            print(f"  {n} workers: {total:.1f} steps/s in total over the common window "
+                  "(each: " + ", ".join(f"{r['steps_s']:.1f}" for r in rows) + ")")
     if "modes" in parts:
         results = launch("modes", 2, out, extra)
-        plot_modes(results, os.path.join(RESULTS, "ps_modes.png"))
+        plot_modes(results, os.path.join(REPO, "docs", "img", "ps_modes.png"))
         summary["modes"] = {r["worker"]: {m: {**c["metrics"], "seconds": c["points"][-1][0] if c["points"] else 0,
                                               "final_loss": sum(p[1] for p in c["points"][-20:]) / max(1, len(c["points"][-20:]))}
                                           for m, c in r["modes"]["curves"].items()} for r in results}
         for mode, m in summary["modes"][0].items():
             print(f"  {mode}: {m['global_step']} global steps in {m['seconds']:.1f}s, chief loss {m['final_loss']:.3f}")
-    with open(os.path.join(RESULTS, "ps_bench.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(summary, f, indent=1)
 
 

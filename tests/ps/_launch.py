@@ -46,3 +46,53 @@ def launch(args: Sequence[str], timeout: float) -> str:
     if proc.returncode != 0:
         raise LaunchFailed(f"`towerflow launch {' '.join(args)}` exited {proc.returncode}:\n{text[-8000:]}")
     return text
+
+
+def free_ports(n: int):
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_by_hand(script: str, tasks: Sequence[Tuple[str, int]], flags: Sequence[str], extra: Sequence[str], timeout: float):
+    """Start one process per (job, index) with the seeds' flags; returns {task: output}, raises LaunchFailed."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TOWERFLOW_") and k not in ("RANK", "WORLD_SIZE", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.path.join(REPO, "src") + os.pathsep + env.get("PYTHONPATH", "")
+    procs = {}
+    files = {}
+    try:
+        for job, index in tasks:
+            name = f"{job}:{index}"
+            files[name] = tempfile.TemporaryFile("w+")
+            procs[name] = subprocess.Popen(
+                [sys.executable, script, *flags, "--job_name", job, "--task_index", str(index), *extra],
+                cwd=REPO, env=env, stdout=files[name], stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+            if any(p.poll() not in (None, 0) for p in procs.values()):
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        for p in procs.values():
+            p.wait(10)
+    outputs = {}
+    for name, f in files.items():
+        f.seek(0)
+        outputs[name] = f.read()
+        f.close()
+    if any(p.returncode != 0 for p in procs.values()):
+        report = "\n".join(f"--- {n} rc={procs[n].returncode}\n{o[-3000:]}" for n, o in outputs.items())
+        raise LaunchFailed(f"{script} by hand did not finish cleanly within {timeout}s:\n{report}")
+    return outputs

@@ -134,3 +134,17 @@ def test_service_refuses_non_elementwise_optimizers_and_mismatched_pushes():
     (svc,) = _services(layout, values, torch.optim.SGD, dict(lr=0.1), AsyncPolicy)
     with pytest.raises(ParameterServerError, match="same model"):
         svc.push(0, _pull_ticket(svc), [torch.zeros(3)])
+
+
+def test_a_finish_that_overtakes_the_last_push_waits_for_it():
+    values = _model_values()
+    layout = plan_layout(values, 1)
+    (svc,) = _services(layout, values, torch.optim.SGD, dict(lr=0.1), lambda: SSPPolicy(0), num_workers=2)
+    grads = list(layout.pack(0, {k: torch.ones_like(v) for k, v in values.items()}).values())
+    t = _pull_ticket(svc, 0)
+    prefetched = svc.pull(0, clock=1)  # waits: worker 1 has not pushed
+    finished = svc.finish(0, pushes_sent=1)
+    assert not finished.done()  # its push is still on the way
+    svc.push(0, t, grads)
+    assert finished.wait() == 1 and prefetched.done()
+    assert svc.coordinator.active == [1]

@@ -71,6 +71,7 @@ class ShardService:
         self._summed = 0
         self._waiting: Dict[object, torch.futures.Future] = {}
         self._all_done: List[torch.futures.Future] = []
+        self._finishing: Dict[int, Tuple[int, torch.futures.Future]] = {}  # finishes waiting for late pushes
         self._next_key = 0
         self.bytes_in: Dict[int, int] = collections.Counter()
         self.bytes_out: Dict[int, int] = collections.Counter()
@@ -125,6 +126,10 @@ class ShardService:
                     self._apply(grads, action.lr_scale)
             released = self._take_released()
             step = self.coordinator.global_step
+            waiting_finish = self._finishing.get(worker)
+            if waiting_finish is not None and self.coordinator.pushes_by_worker[worker] >= waiting_finish[0]:
+                del self._finishing[worker]
+                released += self._finish_locked(worker, waiting_finish[1])
         self._complete(released)
         kind = "dropped" if isinstance(action, Drop) else "held" if isinstance(action, Hold) else "applied"
         return kind, action.staleness, step
@@ -136,19 +141,32 @@ class ShardService:
         pulled = self.pull(worker, clock, after_step)
         return pulled.then(lambda f: (outcome,) + tuple(f.value()))
 
-    def finish(self, worker: int) -> int:
-        """A worker is done; peers stop waiting for it. Returns the global step."""
+    def finish(self, worker: int, pushes_sent: Optional[int] = None) -> torch.futures.Future:
+        """A worker is done; peers stop waiting for it. A future of the global step.
+
+        `pushes_sent` is how many pushes the worker sent: calls can overtake each other, so the
+        finish waits until that many have arrived (else a late push would come after the end).
+        """
+        future: torch.futures.Future = torch.futures.Future()
         with self._lock:
-            action = self.coordinator.finish(worker)
-            if action is not None:
-                self._apply(self._mean(len(action.workers)), action.lr_scale)
-            released = self._take_released()
-            step = self.coordinator.global_step
-            if not self.coordinator.active:
-                released += [(f, step) for f in self._all_done]
-                self._all_done = []
+            if pushes_sent is not None and self.coordinator.pushes_by_worker[worker] < pushes_sent:
+                self._finishing[worker] = (pushes_sent, future)
+                return future
+            released = self._finish_locked(worker, future)
         self._complete(released)
-        return step
+        return future
+
+    def _finish_locked(self, worker: int, future: torch.futures.Future) -> list:
+        action = self.coordinator.finish(worker)
+        if action is not None:
+            self._apply(self._mean(len(action.workers)), action.lr_scale)
+        released = self._take_released()
+        step = self.coordinator.global_step
+        released.append((future, step))
+        if not self.coordinator.active:
+            released += [(f, step) for f in self._all_done]
+            self._all_done = []
+        return released
 
     def when_all_finished(self) -> torch.futures.Future:
         """A future of the global step that completes once every worker has called finish."""
@@ -286,8 +304,9 @@ def _rpc_wait_finished(model: str) -> torch.futures.Future:
     return _get(model).when_all_finished()
 
 
-def _rpc_finish(model: str, worker: int) -> int:
-    return _get(model).finish(worker)
+@_transport.deferred
+def _rpc_finish(model: str, worker: int, pushes_sent: Optional[int] = None) -> torch.futures.Future:
+    return _get(model).finish(worker, pushes_sent)
 
 
 def _rpc_metrics(model: str) -> dict:

@@ -329,10 +329,13 @@ class ParameterServerStrategy(Strategy):
             self._finished = True
             return
         self._finished = True
+        # Finish first: a prefetched pull may wait on peers (ssp) that in turn wait on this worker.
+        done = [_transport.call_async(ch.to, _service._rpc_finish, args=(self.model_name, self.replica_id, self._pushes))
+                for ch in self._channels]
         if self._pending is not None:
             self._install(self._pending)  # its pushes count, and the model ends with the latest values
             self._pending = None
-        for f in [_transport.call_async(ch.to, _service._rpc_finish, args=(self.model_name, self.replica_id)) for ch in self._channels]:
+        for f in done:
             f.wait()
 
     def wait_for_workers(self, refresh: bool = True) -> int:
