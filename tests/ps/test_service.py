@@ -148,3 +148,15 @@ def test_a_finish_that_overtakes_the_last_push_waits_for_it():
     svc.push(0, t, grads)
     assert finished.wait() == 1 and prefetched.done()
     assert svc.coordinator.active == [1]
+
+
+def test_staleness_aware_lr_divides_the_step_by_the_staleness():
+    values = {"w": torch.zeros(3)}
+    layout = plan_layout(values, 1)
+    (svc,) = _services(layout, values, torch.optim.SGD, dict(lr=1.0), lambda: AsyncPolicy(staleness_aware_lr=True), 3)
+    tickets = [_pull_ticket(svc, w) for w in range(3)]  # all read step 0
+    for w in range(3):
+        svc.push(w, tickets[w], [torch.ones(3)])
+    # staleness 0, 1, 2 -> steps of 1, 1, 1/2
+    assert torch.equal(svc.values()["w"], torch.full((3,), -2.5))
+    assert svc.optimizer.param_groups[0]["lr"] == 1.0  # the scale is per update, not kept
