@@ -28,6 +28,8 @@ from towerflow.strategies import (
     strategy_from_env,
 )
 from towerflow.session import CheckpointManager, MonitoredTrainingSession, SessionHook, StopAtStepHook
+from towerflow.errors import LayoutError, ParameterServerError
+from towerflow.ps import Layout, plan_layout
 from towerflow.strategies.parameter_server import ParameterServerStrategy
 from towerflow.training import Progress, evaluate, set_seed, train_step
 
@@ -58,6 +60,10 @@ __all__ = [
     "Progress",
     "OneDeviceStrategy",
     "ParameterServerStrategy",
+    "ParameterServerError",
+    "LayoutError",
+    "Layout",
+    "plan_layout",
     "MultiWorkerMirroredStrategy",
     "MirroredStrategy",
     "DataError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from towerflow.ps import plan_layout
@@ -43,3 +44,22 @@ def test_install_puts_pulled_values_into_the_parameters():
     for k, p in params.items():
         assert torch.equal(p.detach(), new[k]) and p is objects[k]
     assert params["0.weight"].data_ptr() == ptrs["0.weight"]  # row shards are copied in place
+
+
+@pytest.mark.gpu
+def test_gradients_computed_on_the_gpu_are_pushed_from_pinned_buffers_and_pulled_back_onto_it():
+    device = torch.device("cuda")
+    params = {k: torch.nn.Parameter(p.detach().to(device)) for k, p in _params().items()}
+    layout = plan_layout(params, 2, partition={"0.weight": 2})
+    for p in params.values():
+        p.grad = torch.randn_like(p)
+    grads_cpu = {k: p.grad.cpu() for k, p in params.items()}
+    new = {k: torch.randn(p.shape) for k, p in params.items()}
+    for task in range(2):
+        ch = _Channel(task, layout, params, device)
+        flats = ch.gather(0)
+        assert all(f.is_pinned() for f in flats)
+        assert all(torch.equal(a, b) for a, b in zip(flats, layout.pack(task, grads_cpu).values()))
+        ch.install(Ticket(1), list(layout.pack(task, new).values()), device)
+    for k, p in params.items():
+        assert p.device.type == "cuda" and torch.equal(p.detach().cpu(), new[k])
