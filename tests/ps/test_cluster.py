@@ -7,7 +7,6 @@ slowed on purpose where the scenario says so) and writes what each worker and th
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch

@@ -14,7 +14,7 @@ is one message per ps task, not one per variable.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
 
 import torch
 

@@ -23,7 +23,7 @@ import collections
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -32,7 +32,7 @@ from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps import service as _service
 from towerflow.ps.layout import Layout, Partition, plan_layout
-from towerflow.ps.policies import MODES, Ticket, make_policy
+from towerflow.ps.policies import Ticket, make_policy
 from towerflow.strategies._devices import default_device, resolve_device
 from towerflow.strategies.base import Strategy
 from towerflow.strategies.environment import ENV_DEVICE, register_strategy
