@@ -12,3 +12,4 @@ def manifest_file(step: int) -> str:
 
 
 METRICS_FILE = "metrics.jsonl"  # JSON lines appended by every task; read by `towerflow top` / `report`
+RESULTS_FILE = "metrics.json"  # a run's final numbers (accuracy, global step, samples/s), written once at the end

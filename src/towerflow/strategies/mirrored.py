@@ -164,6 +164,10 @@ class MirroredStrategy(Strategy):
 
     def shutdown(self) -> None:
         if self._owns_group and dist.is_initialized():
+            # Every replica reaches here before any tears down: a replica destroying its group
+            # (and rank 0 taking the rendezvous store with it) while a peer is still mid-collective
+            # makes gloo abort that peer ("terminate called without an active exception").
+            self.barrier()
             dist.destroy_process_group()
         self._owns_group = False
 

@@ -1,4 +1,4 @@
-"""What a run leaves in its logdir, written atomically so a reader never sees half a file."""
+"""What a run leaves in its logdir besides the per-step metrics: its final numbers, one JSON file."""
 
 from __future__ import annotations
 
@@ -6,17 +6,13 @@ import json
 import os
 from typing import Any, Dict
 
-METRICS_FILE = "metrics.json"
+from towerflow import _files
+from towerflow._io import atomic_write
 
 
-def save_metrics(logdir: str, record: Dict[str, Any], name: str = METRICS_FILE) -> str:
-    """Write `record` as JSON to `logdir/name` (temporary file, fsync, os.replace); returns the path."""
-    os.makedirs(logdir, exist_ok=True)
+def save_metrics(logdir: str, record: Dict[str, Any], name: str = _files.RESULTS_FILE) -> str:
+    """Write `record` as JSON to `logdir/name`, atomically; returns the path."""
     path = os.path.join(logdir, name)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
+    with atomic_write(path, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
