@@ -29,9 +29,9 @@ def test_top_rows_show_the_newest_values_per_task(logdir):
     rows = {r[0]: r for r in top.rows(read_metrics(str(logdir)), now=1010.0)}
     assert list(rows) == ["ps:0", "worker:0", "worker:1"]
     # task, role, device, step, steps/s, loss, staleness, pushed, pulled, mem, age
-    assert rows["worker:0"] == ["worker:0", "chief", "/device:CPU:0", "30", "11.0", "0.5000", "0.1 (max 1)",
+    assert rows["worker:0"] == ["worker:0", "chief", "/device:CPU:0", "30", "11.0", "0.5000", "0.2 (max 1)",
                                 "2.0 MB", "4.0 MB", "512", "6s"]
-    assert rows["worker:1"][3:7] == ["24", "9.0", "1.5000", "2.0 (max 2)"]
+    assert rows["worker:1"][3:7] == ["24", "9.0", "1.5000", "1.3 (max 2)"]
     assert rows["ps:0"][4:7] == ["-", "-", "-"]
 
 
@@ -44,7 +44,7 @@ def test_top_renders_a_table_with_a_header(logdir):
 
 def test_report_summary_and_staleness_are_exact(logdir):
     records = read_metrics(str(logdir))
-    assert report.staleness_histogram(records) == {0: 22, 1: 7, 2: 11}
+    assert report.staleness_histogram(records) == {0: 21, 1: 8, 2: 11}  # the newest (cumulative) per task, summed
     s = report.summary(records)
     assert s["worker:0"] == {"last_step": 30, "final_loss": 0.5, "best_loss": 0.5, "median_steps_per_sec": 11.0}
     assert s["worker:1"] == {"last_step": 24, "final_loss": 1.5, "best_loss": 1.5, "median_steps_per_sec": 9.0}
@@ -59,7 +59,7 @@ def test_report_writes_pngs_and_markdown(logdir):
             assert pathlib.Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (logdir / "report" / "report.md").read_text()
     assert "| worker:0 | 30 | 0.5000 | 0.5000 | 11.00 |" in md
-    assert "Staleness histogram (pushes per staleness): 0: 22, 1: 7, 2: 11" in md
+    assert "Staleness histogram (pushes per staleness): 0: 21, 1: 8, 2: 11" in md
 
 
 def test_report_on_an_empty_logdir_says_what_to_do(tmp_path):

@@ -16,7 +16,9 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from towerflow import _files
 
-# Fields a record may carry; `time`, `task` and `step` are always there.
+# Fields the views understand; `time`, `task` and `step` are always there. `staleness` is the
+# task's cumulative histogram {"k": pushes}; `bytes_*` are totals since the task started.
+# Records may carry more fields (a strategy's own counters); the views ignore them.
 FIELDS = (
     "time", "task", "role", "device", "step", "loss", "steps_per_sec", "samples_per_sec",
     "staleness", "bytes_pushed", "bytes_pulled", "device_memory_mib", "event",
@@ -35,9 +37,6 @@ class MetricsWriter:
         self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, **values: Any) -> None:
-        unknown = set(values) - set(FIELDS)
-        if unknown:
-            raise ValueError(f"unknown metrics fields {sorted(unknown)}; known: {', '.join(FIELDS)}")
         record = {"time": round(time.time(), 3), "task": self.task, "step": int(step), **self._static}
         record.update({k: v for k, v in values.items() if v is not None})
         line = json.dumps(record, separators=(",", ":")) + "\n"

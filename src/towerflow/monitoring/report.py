@@ -23,13 +23,18 @@ def _series(records: List[Dict[str, Any]], field: str) -> Dict[str, List[tuple]]
 
 
 def staleness_histogram(records: List[Dict[str, Any]]) -> Dict[int, int]:
-    """All tasks' staleness histograms added up ({staleness: pushes})."""
-    total: Dict[int, int] = defaultdict(int)
+    """All tasks' staleness histograms added up ({staleness: pushes}).
+
+    A task's `staleness` is cumulative since it started, so its newest record counts.
+    """
+    newest: Dict[str, Dict[str, int]] = {}
     for r in records:
-        value = r.get("staleness")
-        if isinstance(value, dict):
-            for k, count in value.items():
-                total[int(k)] += int(count)
+        if isinstance(r.get("staleness"), dict):
+            newest[r["task"]] = r["staleness"]
+    total: Dict[int, int] = defaultdict(int)
+    for histogram in newest.values():
+        for k, count in histogram.items():
+            total[int(k)] += int(count)
     return dict(sorted(total.items()))
 
 

@@ -147,9 +147,9 @@ class MonitoredTrainingSession:
         return path
 
     def extra_metrics(self) -> Dict[str, Any]:
-        """Fields a strategy adds to each metrics record (staleness, bytes moved, device memory)."""
+        """Fields a strategy adds to each metrics record (staleness, bytes moved), and device memory."""
         extra = getattr(self.strategy, "metrics", None)
-        values = dict(extra()) if callable(extra) else {}
+        values = _record_fields(extra()) if callable(extra) else {}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             values.setdefault("device_memory_mib", torch.cuda.memory_allocated() >> 20)
         return values
@@ -162,6 +162,22 @@ class MonitoredTrainingSession:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+
+
+def _record_fields(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """A strategy's counters in the metrics-file schema: totals over ps tasks, the staleness histogram."""
+    out: Dict[str, Any] = {}
+    for key in ("bytes_pushed", "bytes_pulled"):
+        value = metrics.get(key)
+        if value is not None:
+            out[key] = sum(value.values()) if isinstance(value, dict) else value
+    histogram = metrics.get("staleness_histogram", metrics.get("staleness"))
+    if isinstance(histogram, dict):
+        out["staleness"] = {str(k): v for k, v in histogram.items()}
+    for key in ("pushes_dropped", "mode"):
+        if key in metrics:
+            out[key] = metrics[key]
+    return out
 
 
 def _as_float(result: Any) -> Optional[float]:
