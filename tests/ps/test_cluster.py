@@ -48,6 +48,7 @@ def test_sync_with_all_replicas_gives_the_all_reduce_parameters(results):
     chief, _ = results
     run = chief["sync_all"]
     assert run["global_step"] == scenarios.STEPS_EQUIV
+    assert chief["restored_step"] == scenarios.STEPS_EQUIV  # the ps state saved and restored through the optimizer
     expected = _reference_allreduce(3, scenarios.STEPS_EQUIV)
     for name, value in run["variables"].items():
         torch.testing.assert_close(torch.tensor(value), expected[name].detach(), rtol=0, atol=1e-6)

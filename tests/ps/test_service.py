@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -160,3 +162,26 @@ def test_staleness_aware_lr_divides_the_step_by_the_staleness():
     # staleness 0, 1, 2 -> steps of 1, 1, 1/2
     assert torch.equal(svc.values()["w"], torch.full((3,), -2.5))
     assert svc.optimizer.param_groups[0]["lr"] == 1.0  # the scale is per update, not kept
+
+
+def test_a_restored_checkpoint_continues_exactly_as_the_uninterrupted_run():
+    values = _model_values()
+    layout = plan_layout(values, 1)
+    (svc,) = _services(layout, values, torch.optim.Adam, dict(lr=1e-2), AsyncPolicy)
+    g = torch.Generator().manual_seed(3)
+    grads = [list(layout.pack(0, {k: torch.randn(v.shape, generator=g) for k, v in values.items()}).values())
+             for _ in range(15)]
+    for grad in grads[:10]:
+        svc.push(0, _pull_ticket(svc), grad)
+    saved = pickle.loads(pickle.dumps(svc.state_dict()))  # as it would travel and be stored
+    for grad in grads[10:]:
+        svc.push(0, _pull_ticket(svc), grad)
+    expected = {k: v.clone() for k, v in svc.values().items()}
+    assert svc.load_state_dict(saved) == 10
+    for grad in grads[10:]:
+        svc.push(0, _pull_ticket(svc), grad)
+    assert all(torch.equal(svc.values()[k], expected[k]) for k in expected)
+    other = plan_layout({"x": torch.zeros(2)}, 1)
+    (stranger,) = _services(other, {"x": torch.zeros(2)}, torch.optim.Adam, dict(lr=1e-2), AsyncPolicy)
+    with pytest.raises(ParameterServerError, match="same model"):
+        stranger.load_state_dict(saved)

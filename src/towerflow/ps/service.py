@@ -223,6 +223,36 @@ class ShardService:
         for future, result in released:  # outside the lock: completing sends the reply
             future.set_result(result)
 
+    # ---- checkpoints
+    def state_dict(self) -> dict:
+        """Values, optimizer state and global step, copied (a checkpoint of this ps task)."""
+        import copy
+
+        with self._lock:
+            return {
+                "shards": [sp.name for sp in self.shards],
+                "values": [f.detach().clone() for f in self.flats],
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "global_step": self.coordinator.global_step,
+            }
+
+    def load_state_dict(self, state: dict) -> int:
+        """Restore a `state_dict()` (before training resumes); returns the restored global step."""
+        names = [sp.name for sp in self.shards]
+        if state.get("shards") != names:
+            raise ParameterServerError(
+                f"the checkpoint holds shards {state.get('shards')}, this ps task holds {names}; restore with the same "
+                "model, number of ps tasks, placement and partition as when it was saved"
+            )
+        with self._lock:
+            if self.coordinator.held:
+                raise ParameterServerError("cannot restore while a sync step is half aggregated; restore before training")
+            for f, v in zip(self.flats, state["values"]):
+                f.copy_(v)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.coordinator.global_step = int(state["global_step"])
+            return self.coordinator.global_step
+
     # ---- inspection
     def values(self) -> Dict[str, torch.Tensor]:
         """Each shard's current value by shard name (views of the flat buffers)."""
@@ -311,6 +341,14 @@ def _rpc_finish(model: str, worker: int, pushes_sent: Optional[int] = None) -> t
 
 def _rpc_metrics(model: str) -> dict:
     return _get(model).metrics()
+
+
+def _rpc_state(model: str) -> dict:
+    return _get(model).state_dict()
+
+
+def _rpc_load_state(model: str, state: dict) -> int:
+    return _get(model).load_state_dict(state)
 
 
 def _rpc_values(model: str) -> Dict[str, torch.Tensor]:

@@ -383,6 +383,25 @@ class _PSOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    def state_dict(self) -> dict:
+        """The ps tasks' state (values, optimizer state, global step), for a checkpoint."""
+        st = self.strategy
+        futures = [(ch.task, _transport.call_async(ch.to, _service._rpc_state, args=(st.model_name,))) for ch in st._channels]
+        return {"global_step": st.global_step, "ps": {t: f.wait() for t, f in futures}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put a checkpoint back on the ps tasks and pull it into the model; call before training resumes."""
+        st = self.strategy
+        parts = state.get("ps", {})
+        missing = [ch.task for ch in st._channels if ch.task not in parts and str(ch.task) not in parts]
+        if missing:
+            raise ParameterServerError(f"the checkpoint has no state for ps tasks {missing}; it was saved with another layout")
+        futures = [_transport.call_async(ch.to, _service._rpc_load_state, args=(
+            st.model_name, parts.get(ch.task, parts.get(str(ch.task))))) for ch in st._channels]
+        for f in futures:
+            f.wait()
+        st._install(st._pull(st._pushes))
+
     def step(self, closure=None) -> None:
         if closure is not None:
             raise StrategyError("step(closure) is not supported with parameter servers: call step() after backward()")
