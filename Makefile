@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml tools/setup_venv.sh
 	touch $@
 
 demo: $(STAMP)
-	$(PY) -m towerflow demo
+	$(PY) -m towerflow demo $(DEMO_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -50,7 +50,7 @@ def test_model_parallel_example_learns_and_shows_the_crossing():
 
 
 def test_demo_runs_the_placement_tour():
-    out, _ = _run("-m", "towerflow", "demo")
+    out, _ = _run("-m", "towerflow", "demo", "--placement")
     assert f"add: (Add): {CPU0}" in out
     assert float(out.split("train accuracy ")[1].split()[0]) > 0.9
     assert "Placement summary:" in out

@@ -78,28 +78,33 @@ class NanGuardHook(SessionHook):
 
 
 class LoggingHook(SessionHook):
-    """Every `every_n_steps`: a line with step, loss and steps/s (chief), and a metrics record (every task)."""
+    """Every `every_n_steps`: a metrics record (every task) and a line with step, loss and steps/s
+    (on the chief, or on every task with `all_tasks=True` — the launcher prefixes each task's lines)."""
 
-    def __init__(self, every_n_steps: int = 100, stream=None):
+    def __init__(self, every_n_steps: int = 100, stream=None, all_tasks: bool = False):
         self.every_n_steps = max(1, every_n_steps)
         self.stream = stream
+        self.all_tasks = all_tasks
         self._last_time: Optional[float] = None
         self._last_step = 0
 
     def after_create_session(self, session) -> None:
-        self._last_time, self._last_step = time.perf_counter(), session.global_step
+        self._last_time, self._last_step = time.perf_counter(), session.local_steps
 
     def after_step(self, session, loss) -> None:
-        step = session.global_step
-        if step - self._last_step < self.every_n_steps:
+        # Counted in this task's own steps: with parameter servers the global step also moves
+        # with the other workers' pushes.
+        local = session.local_steps
+        if local - self._last_step < self.every_n_steps:
             return
         now = time.perf_counter()
-        rate = (step - self._last_step) / (now - self._last_time) if now > self._last_time else 0.0
-        self._last_time, self._last_step = now, step
+        rate = (local - self._last_step) / (now - self._last_time) if now > self._last_time else 0.0
+        self._last_time, self._last_step = now, local
+        step = session.global_step
         session.last_steps_per_sec = rate
         if session.metrics is not None:
             session.metrics.write(step, loss=loss, steps_per_sec=round(rate, 3), **session.extra_metrics())
-        if session.is_chief:
+        if session.is_chief or self.all_tasks:
             loss_text = f"{loss:.4f}" if loss is not None else "-"
             print(f"step {step}  loss {loss_text}  {rate:.1f} steps/s", file=self.stream or sys.stdout, flush=True)
 

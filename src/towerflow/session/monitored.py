@@ -77,6 +77,7 @@ class MonitoredTrainingSession:
         self.last_steps_per_sec: Optional[float] = None
         self._data_state = data_state
         self._step = 0
+        self.local_steps = 0  # steps this task ran in this session (the global step may move faster)
         self._stop_requested = False
         hooks = list(hooks)
         if nan_guard:
@@ -124,6 +125,7 @@ class MonitoredTrainingSession:
             hook.before_step(self)
         before = self.global_step
         result = step_fn(*args, **kwargs)
+        self.local_steps += 1
         if self.global_step == before:  # no strategy optimizer counted this step
             self.global_step = before + 1
         loss = _as_float(result)
