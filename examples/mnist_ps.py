@@ -44,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--replicas-to-aggregate", "--replicas_to_aggregate", type=int, default=None)
     p.add_argument("--staleness", type=int, default=None, help="ssp bound k (default 0)")
     p.add_argument("--prefetch", action="store_true", help="pull the next values while computing (async, ssp)")
+    p.add_argument("--staleness-aware-lr", "--staleness_aware_lr", action="store_true",
+                   help="divide the learning rate by each push's staleness (async, ssp)")
     p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"))
     p.add_argument("--seed", type=int, default=0)
     args, _ = p.parse_known_args(argv)  # the cluster flags (--ps_hosts ...) are the Server's
@@ -54,7 +56,8 @@ def main(argv=None):
     args = parse_args(argv)
     towerflow.set_seed(args.seed)
     strategy = towerflow.ParameterServerStrategy(  # on a ps task this serves until the workers are done, then exits
-        mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, prefetch=args.prefetch
+        mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, prefetch=args.prefetch,
+        staleness_aware_lr=args.staleness_aware_lr,
     )
     split = load_mnist_or_digits(args.data)
     strategy.print(f"{strategy}; data {split.name}: {len(split.train)} train / {len(split.test)} test")
