@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         return loss
 
     started = time.perf_counter()
-    hooks = [StopAtStepHook(last_step=args.steps), LoggingHook(every_n_steps=max(1, args.steps // 6), all_tasks=True)]
+    hooks = [StopAtStepHook(last_step=args.steps), LoggingHook(every_n_steps=max(1, args.steps // 12), all_tasks=True)]
     with MonitoredTrainingSession(model, optimizer, strategy=strategy, logdir=args.logdir, hooks=hooks,
                                   log_step_count_steps=0, save_checkpoint_steps=max(1, args.steps // 2),
                                   progress=False) as session:

@@ -87,6 +87,7 @@ class LoggingHook(SessionHook):
         self.all_tasks = all_tasks
         self._last_time: Optional[float] = None
         self._last_step = 0
+        self._last_loss: Optional[float] = None
 
     def after_create_session(self, session) -> None:
         self._last_time, self._last_step = time.perf_counter(), session.local_steps
@@ -94,9 +95,16 @@ class LoggingHook(SessionHook):
     def after_step(self, session, loss) -> None:
         # Counted in this task's own steps: with parameter servers the global step also moves
         # with the other workers' pushes.
+        self._last_loss = loss
+        if session.local_steps - self._last_step >= self.every_n_steps:
+            self._report(session, loss)
+
+    def end(self, session) -> None:
+        if session.local_steps > self._last_step:  # the last stretch, so every task reports at least once
+            self._report(session, self._last_loss)
+
+    def _report(self, session, loss) -> None:
         local = session.local_steps
-        if local - self._last_step < self.every_n_steps:
-            return
         now = time.perf_counter()
         rate = (local - self._last_step) / (now - self._last_time) if now > self._last_time else 0.0
         self._last_time, self._last_step = now, local
