@@ -95,6 +95,20 @@ def test_bad_flags_are_refused(launcher, tmp_path):
     assert "--workers 3 disagrees with 2 device(s)" in runs[1].err
 
 
+def test_ps_mode_flags_reach_every_task_and_bad_combinations_are_refused(launcher, tmp_path):
+    runs = [
+        launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--mode", "sync", "--replicas-to-aggregate", "1", TASK, "env", str(tmp_path)),
+        launcher.python("-m", "towerflow", "launch", "--workers", "2", "--mode", "ssp", TASK, "env", str(tmp_path)),
+        launcher.python("-m", "towerflow", "launch", "--ps", "1", "--mode", "async", "--staleness", "2", TASK, "env", str(tmp_path)),
+    ]
+    assert [r.wait(60) for r in runs] == [0, 2, 2], launcher.describe()
+    envs = [json.loads(l.split("] ", 1)[1]) for l in runs[0].out.splitlines() if re.match(r"\[\w+:\d\] \{", l)]
+    assert len(envs) == 3
+    assert {(e["TOWERFLOW_PS_MODE"], e["TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"]) for e in envs} == {("sync", "1")}
+    assert "--mode ssp chooses how parameter servers apply updates; add --ps N" in runs[1].err
+    assert "--staleness 2 goes with --mode ssp (got --mode async)" in runs[2].err
+
+
 def test_pi_distributed_under_launch(launcher):
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", str(ROOT / "examples" / "pi_distributed.py"), "--samples", "2000000")
     assert run.wait(80) == 0, run.describe()

@@ -4,6 +4,7 @@
     towerflow launch --cluster cluster.json --job_name worker --task_index 1 SCRIPT [ARGS...]
     towerflow launch --devices gpu:0,gpu:1 SCRIPT                        # one worker per device
     towerflow launch --nproc 4 SCRIPT                                    # four CPU workers
+    towerflow launch --ps 1 --workers 3 --mode sync --replicas-to-aggregate 2 SCRIPT   # one backup worker
 
 Each task's output is prefixed with its name; if a task fails the rest are stopped and the
 launch exits with the failed task's code. Every flag has both spellings (`--task-index` and
@@ -46,6 +47,10 @@ def register(sub) -> None:
     one.add_argument("--master_port", "--master-port", dest="master_port", type=int, default=None, metavar="PORT", help="port of the replicas' process group (default: first replica's port + 10000)")
     p.add_argument("--max_restarts", "--max-restarts", dest="max_restarts", type=int, default=_int_env("TOWERFLOW_MAX_RESTARTS", 0), metavar="N", help="restart a failed task up to N times (default 0)")
     p.add_argument("--logdir", default=_env("TOWERFLOW_LOGDIR"), metavar="DIR", help="handed to every task as TOWERFLOW_LOGDIR")
+    ps = p.add_argument_group("parameter-server update mode (handed to every task)")
+    ps.add_argument("--mode", choices=("async", "sync", "ssp"), default=None, help="how the ps tasks apply pushed gradients")
+    ps.add_argument("--replicas_to_aggregate", "--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=None, metavar="N", help="sync: gradients per update (fewer than the workers = backup workers)")
+    ps.add_argument("--staleness", type=int, default=None, metavar="K", help="ssp: how many steps a worker may run ahead of the slowest")
     p.add_argument("script", help="the Python script (or program) every task runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(func=run)
@@ -65,12 +70,31 @@ def _warn_without_token(cluster) -> None:
         )
 
 
+def _ps_mode_environment(args) -> None:
+    """--mode/--replicas-to-aggregate/--staleness reach the tasks as the variables the ps strategy reads."""
+    from towerflow.errors import TowerflowError
+    from towerflow.strategies.parameter_server import ENV_MODE, ENV_REPLICAS_TO_AGGREGATE, ENV_STALENESS
+
+    if args.replicas_to_aggregate is not None and args.mode != "sync":
+        raise TowerflowError(f"--replicas-to-aggregate {args.replicas_to_aggregate} goes with --mode sync (got --mode {args.mode})")
+    if args.staleness is not None and args.mode != "ssp":
+        raise TowerflowError(f"--staleness {args.staleness} goes with --mode ssp (got --mode {args.mode})")
+    if args.mode is None:
+        return
+    if not args.cluster and not args.ps:
+        raise TowerflowError(f"--mode {args.mode} chooses how parameter servers apply updates; add --ps N (N >= 1)")
+    for name, value in ((ENV_MODE, args.mode), (ENV_REPLICAS_TO_AGGREGATE, args.replicas_to_aggregate), (ENV_STALENESS, args.staleness)):
+        if value is not None:
+            os.environ[name] = str(value)  # every task inherits the launcher's environment
+
+
 def run(args) -> int:
     from towerflow.errors import TowerflowError
     from towerflow.launch import Supervisor, plan_local, plan_one
     from towerflow.launch.local import command_for
 
     try:
+        _ps_mode_environment(args)
         argv = command_for(args.script, args.args)
         logdir = os.path.abspath(args.logdir) if args.logdir else None
         if args.cluster:
