@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,3 +37,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# --- processes started by multi-process tests (tests/cluster/_cluster_procs.py) -------------
+
+sys.path.insert(0, str(Path(__file__).parent / "cluster"))
+
+
+@pytest.fixture
+def procs(tmp_path, request):
+    """Start processes; on teardown kill their process groups, and show their output if the test failed."""
+    from _cluster_procs import Procs
+
+    started = Procs(tmp_path)
+    yield started
+    for p in started.started:
+        p.kill_group()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(started.describe())  # shown by pytest under "Captured stdout teardown"
+
+
+@pytest.fixture
+def launcher(procs):
+    """`procs`, named for tests that start `towerflow launch`."""
+    return procs
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)

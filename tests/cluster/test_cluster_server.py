@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from _cluster_procs import free_ports
+from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 

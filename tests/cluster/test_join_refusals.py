@@ -11,7 +11,9 @@ import pytest
 
 import towerflow
 from towerflow.devices.logical import set_local_task
-from _cluster_procs import Procs, free_ports, wait_until
+from _cluster_procs import Procs, wait_until
+
+from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from _cluster_procs import free_ports, wait_until
+from _cluster_procs import wait_until
+
+from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 

@@ -48,19 +48,6 @@ def launch(args: Sequence[str], timeout: float) -> str:
     return text
 
 
-def free_ports(n: int):
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def run_by_hand(script: str, tasks: Sequence[Tuple[str, int]], flags: Sequence[str], extra: Sequence[str], timeout: float):
     """Start one process per (job, index) with the seeds' flags; returns {task: output}, raises LaunchFailed."""
     env = {k: v for k, v in os.environ.items()

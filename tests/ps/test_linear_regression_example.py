@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from _launch import REPO, free_ports, launch, run_by_hand
+from _launch import REPO, launch, run_by_hand
+
+from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 

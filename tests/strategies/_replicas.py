@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
+
+from towerflow.launch.local import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,12 +31,6 @@ class ReplicaResult:
 
 class ReplicasFailed(AssertionError):
     """The job did not finish cleanly; the message holds every replica's output."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def describe(results: Sequence[ReplicaResult]) -> str:
@@ -54,7 +49,7 @@ def run_replicas(
     check: bool = True,
 ) -> List[ReplicaResult]:
     """Run `python *argv` as n replicas; with `check`, raise ReplicasFailed unless all exit 0."""
-    port = free_port()
+    port = free_ports(1)[0]
     tmp = tempfile.mkdtemp(prefix="towerflow-replicas-")
     procs, files = [], []
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TF_CONFIG", "TOWERFLOW_DEVICE")}

@@ -18,7 +18,6 @@ name attached as its cause. Functions defined in the script's `__main__` are sen
 from __future__ import annotations
 
 import functools
-import os
 import pickle
 import socket
 import traceback

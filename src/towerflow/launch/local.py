@@ -12,7 +12,7 @@ import os
 import secrets
 import socket
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from towerflow.cluster import environment as _env
 from towerflow.cluster.spec import ClusterSpec, split_address
