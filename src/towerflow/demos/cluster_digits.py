@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         raise SystemExit("the demo model is for 8x8 digits; run examples/mnist_ps.py for MNIST")
     if strategy.is_chief:
         _show_placement(model, data.train.tensors[0][:2])  # the log starts with the device mapping
-    model, optimizer = strategy.setup(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
+    model, optimizer = strategy.setup(model, torch.optim.Adam(model.parameters(), lr=2e-3))
     batches = strategy.distribute_loader(data.train, batch_size=args.batch_size, seed=args.seed).forever()
 
     def step(x, y):
