@@ -286,25 +286,12 @@ def launch(part: str, workers: int, out: str, extra) -> list:
 
 
 def plot_modes(results: list, path: str) -> None:
-    import matplotlib
+    from towerflow.monitoring.report import plot_curves
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     chief = next(r for r in results if r["worker"] == 0)["modes"]["curves"]
-    for mode, curve in chief.items():
-        pts = curve["points"]
-        k = 20
-        xs = [p[0] for p in pts][k - 1:]
-        ys = [sum(p[1] for p in pts[i - k + 1:i + 1]) / k for i in range(k - 1, len(pts))]
-        ax.plot(xs, ys, label={"ssp": "ssp (k=2)"}.get(mode, mode))
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("training loss (chief, mean of 20 steps)")
-    ax.set_title("1 ps + 2 workers, worker 1 slowed")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    curves = {{"ssp": "ssp (k=2)"}.get(mode, mode): [(p[0], p[1]) for p in curve["points"]] for mode, curve in chief.items()}
+    plot_curves(path, "1 ps + 2 workers, worker 1 slowed", "seconds", "training loss (chief, mean of 20 steps)",
+                curves, smooth=20)
 
 
 def main() -> None:

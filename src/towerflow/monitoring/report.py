@@ -54,25 +54,40 @@ def summary(records: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def _plot(path: str, title: str, xlabel: str, ylabel: str, series: Dict[str, List[tuple]], x: int, log_y: bool = False) -> None:
+def plot_curves(path: str, title: str, xlabel: str, ylabel: str, curves: Dict[str, List[tuple]],
+                smooth: int = 1, log_y: bool = False) -> None:
+    """One PNG with a line per label from (x, y) points, written atomically.
+
+    `smooth=k` draws the running mean of k points (noisy per-step losses). Benchmarks use this
+    too, so every plot in docs/ comes out of the same code as `towerflow report`.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for task, points in sorted(series.items()):
-        ax.plot([p[x] for p in points], [p[2] for p in points], label=task, marker="." if len(points) < 30 else None)
+    for label, points in curves.items():
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        if smooth > 1 and len(ys) >= smooth:
+            ys = [sum(ys[i - smooth + 1 : i + 1]) / smooth for i in range(smooth - 1, len(ys))]
+            xs = xs[smooth - 1 :]
+        ax.plot(xs, ys, label=label, marker="." if len(points) < 30 else None)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if log_y:
         ax.set_yscale("log")
-    if series:
+    if curves:
         ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_write(path) as f:
         fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
+
+
+def _plot(path: str, title: str, xlabel: str, ylabel: str, series: Dict[str, List[tuple]], x: int) -> None:
+    curves = {task: [(p[x], p[2]) for p in points] for task, points in sorted(series.items())}
+    plot_curves(path, title, xlabel, ylabel, curves)
 
 
 def _histogram(path: str, histogram: Dict[int, int]) -> None:
