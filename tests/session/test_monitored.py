@@ -96,6 +96,8 @@ def test_metrics_records_and_checkpoint_events(tmp_path):
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == [5, 10]
     assert all(r["task"] == "localhost:0" and r["role"] == "chief" and r["steps_per_sec"] > 0 for r in records if "loss" in r)
+    expected = "/device:GPU:0" if torch.cuda.is_available() else "/device:CPU:0"
+    assert {r["device"] for r in records} == {expected}
     assert [r["event"] for r in records if "event" in r] == ["checkpoint ckpt-0000000005.pt", "checkpoint ckpt-0000000010.pt"]
 
 

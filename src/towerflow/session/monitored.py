@@ -106,7 +106,8 @@ class MonitoredTrainingSession:
 
     def __enter__(self) -> "MonitoredTrainingSession":
         if self.logdir:
-            self.metrics = MetricsWriter(self.logdir, self.task, role="chief" if self.is_chief else "worker")
+            device = getattr(self.strategy, "device_name", None) or _local_device_name()
+            self.metrics = MetricsWriter(self.logdir, self.task, role="chief" if self.is_chief else "worker", device=device)
         for hook in self.hooks:
             hook.begin(self)
         if self.checkpoints is not None:
@@ -164,6 +165,15 @@ class MonitoredTrainingSession:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+
+
+def _local_device_name() -> str:
+    """Where a strategy-less session computes: the first GPU, else the CPU (short TF name)."""
+    from towerflow.devices import list_devices
+
+    devices = list_devices()
+    gpu = next((d for d in devices if d.device_type == "GPU"), None)
+    return (gpu or devices[0]).short_name
 
 
 def _record_fields(metrics: Dict[str, Any]) -> Dict[str, Any]:
