@@ -395,8 +395,13 @@ class Server:
                 return True
             except PermissionError:
                 return False
-            with open(f"/proc/{int(holder['pid'])}/stat") as f:  # a zombie is dead too
-                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            try:
+                with open(f"/proc/{int(holder['pid'])}/stat") as f:  # a zombie is dead too
+                    return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:  # gone since the check
+                return True
+            except OSError:  # no /proc here: alive as far as we can tell
+                return False
         key = self._key("beat")
         before = self._store.add(key, 0)
         time.sleep(3 * _BEAT_EVERY)
