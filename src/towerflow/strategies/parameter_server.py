@@ -64,9 +64,10 @@ def _share_cpus(cluster) -> None:
 class _Channel:
     """This worker's link to one ps task: which parameter pieces go there, reused push buffers, its ticket."""
 
-    def __init__(self, task: int, layout: Layout, params: Dict[str, torch.nn.Parameter], device: torch.device, to: str):
+    def __init__(self, task: int, layout: Layout, params: Dict[str, torch.nn.Parameter], device: torch.device,
+                 to: Optional[str] = None):
         self.task = task
-        self.to = to  # the ps task's RPC name
+        self.to = to or _server.rpc_name("ps", task)  # the ps task's RPC name (its current incarnation's)
         self.shards = layout.on_task(task)
         sizes = layout.flat_sizes(task)
         self.dtypes = list(sizes)
