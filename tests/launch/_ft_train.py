@@ -2,7 +2,9 @@
 
 Every worker trains until the global step (on the ps) reaches STEPS, sleeping a little per
 step so that a kill lands mid-training; after its first 20 steps each incarnation writes
-DIR/<job>:<index>.<restart>.pid. The chief prints the final fit.
+DIR/<job>:<index>.<restart>.pid. So that the restarted worker really continues however long
+its restart takes, the chief also goes on until the ps has seen worker 1 rejoin and 200 more
+steps have passed, and a restarted worker trains at least 50 steps. The chief prints the fit.
 """
 
 import os
@@ -38,7 +40,20 @@ model = Line()
 model, optimizer = strategy.setup(model, torch.optim.Adagrad(model.parameters(), lr=0.5))
 order = torch.Generator().manual_seed(10 + strategy.replica_id + 100 * server.incarnation)
 local = 0
-while strategy.global_step < steps:
+rejoined_at = None  # chief: the global step when it saw worker 1 rejoin
+
+
+def chief_waits() -> bool:
+    global rejoined_at
+    if not strategy.is_chief:
+        return False
+    if rejoined_at is None and local % 20 == 0:
+        if strategy.ps_metrics()["/job:ps/task:0"]["rejoins_by_worker"].get(1):
+            rejoined_at = strategy.global_step
+    return rejoined_at is None or strategy.global_step < rejoined_at + 200
+
+
+while strategy.global_step < steps or chief_waits() or (server.incarnation > 0 and local < 50):
     idx = torch.randint(0, len(x), (10,), generator=order)
     optimizer.zero_grad()
     ((model(x[idx]) - y[idx]) ** 2).mean().backward()

@@ -37,7 +37,9 @@ def test_a_killed_worker_is_restarted_and_rejoins_async_training(launcher, tmp_p
     m = re.search(r"rejoined training \(restart 1\) at global step (\d+); the ps kept its (\d+) earlier pushes;.*"
                   r"down ([\d.]+) s", run.err)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 20, run.err
-    assert "[worker:0] worker 0 (restart 0):" in run.out and "[worker:1] worker 1 (restart 1):" in run.out, run.out
+    after = re.search(r"\[worker:1\] worker 1 \(restart 1\): (\d+) steps, global step (\d+)", run.out)
+    assert "[worker:0] worker 0 (restart 0):" in run.out and after, run.out
+    assert int(after.group(1)) >= 50 and int(after.group(2)) > int(m.group(1)), run.out  # it trained on after rejoining
     assert "'rejoins_by_worker': {1: 1}" in run.out, run.out
     fit = re.search(r"final: w: ([-\d.]+), b: ([-\d.]+)", run.out)
     assert fit and abs(float(fit.group(1)) - 2.0) < 0.1 and abs(float(fit.group(2)) - 0.2) < 0.1, run.out
