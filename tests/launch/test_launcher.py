@@ -84,7 +84,7 @@ def test_ctrl_c_stops_every_task(launcher, tmp_path):
 def test_max_restarts_restarts_a_failed_task(launcher, tmp_path):
     run = launcher.python("-m", "towerflow", "launch", "--workers", "1", "--max-restarts", "1", TASK, "flaky", str(tmp_path))
     assert run.wait(60) == 0, run.describe()
-    assert "/job:worker/task:0 exited with code 5; restarting it (1 of 1)" in run.err
+    assert re.search(r"/job:worker/task:0 \(pid \d+\) exited with code 5; restarting it \(1 of 1\)", run.err), run.err
 
 
 def test_bad_flags_are_refused(launcher, tmp_path):

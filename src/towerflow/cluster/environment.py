@@ -24,6 +24,8 @@ ENV_CLUSTER_TOKEN_FILE = "TOWERFLOW_CLUSTER_TOKEN_FILE"  # ... or a file holding
 ENV_JOIN_TIMEOUT = "TOWERFLOW_JOIN_TIMEOUT"  # seconds a task waits for the others (default 60)
 ENV_HEARTBEAT_TIMEOUT = "TOWERFLOW_HEARTBEAT_TIMEOUT"  # seconds of silence before a task counts as dead (default 15)
 ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher restarted this task
+ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher allows each task (--max-restarts)
+ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
 # TensorFlow's
 ENV_TF_CONFIG = "TF_CONFIG"
 # torchrun's, for the process group of training replicas (chief, then workers; no ps)

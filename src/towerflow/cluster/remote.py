@@ -212,7 +212,7 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
     server.cluster.task_address(job, index)  # unknown job / index out of range: a clear error
     _log_call(name, spec.replace(job=job, task=index), args, kwargs)
     fut = _transport.call_async(
-        _server.rpc_name(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
+        server.rpc_name_of(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
     )
     return RemoteFuture(fut, f"/job:{job}/task:{index}")
 

@@ -44,9 +44,18 @@ def current() -> Optional["Server"]:
     return _current
 
 
-def rpc_name(job: str, index: int) -> str:
-    """The RPC name of a task; remote.py addresses tasks by it."""
-    return f"{job}:{index}"
+def rpc_name(job: str, index: int, incarnation: int = 0) -> str:
+    """The RPC name of one incarnation of a task (a restarted task joins under a new name: torch's
+    RPC refuses a name twice). Callers address a task through `Server.rpc_name_of`, which finds
+    the current incarnation."""
+    return f"{job}:{index}" if incarnation == 0 else f"{job}:{index}:r{incarnation}"
+
+
+def _int_from_env(name: str) -> int:
+    text = os.environ.get(name) or "0"
+    if not text.isdigit():
+        raise ClusterSpecError(f"{name}={text!r} in the environment: expected a non-negative integer (the launcher sets it)")
+    return int(text)
 
 
 def _say(text: str) -> None:
@@ -109,6 +118,10 @@ class Server:
         self._beating = threading.Event()
         self._beat_thread: Optional[threading.Thread] = None
         self.heartbeat_timeout = float(os.environ.get(_env.ENV_HEARTBEAT_TIMEOUT) or DEFAULT_HEARTBEAT_TIMEOUT)
+        self.incarnation = _int_from_env(_env.ENV_RESTART_COUNT)  # 0, or how often the launcher restarted this task
+        self.max_restarts = _int_from_env(_env.ENV_MAX_RESTARTS)  # a silent task may come back while below this
+        self.replaced: List[str] = []  # RPC names of dead incarnations this one took over from
+        self._incarnations: Dict[tuple, int] = {}
         if start:
             self.start()
 
@@ -177,7 +190,13 @@ class Server:
                 self._join_coordinator(deadline)
             self._claim_slot()
             self._wait_for_all("slot", deadline, "tasks up")
-            _transport.start_rpc(self._store, rpc_name(self.job_name, self.task_index), self._rank(), self.rpc_timeout)
+            me = rpc_name(self.job_name, self.task_index, self.incarnation)
+            if self.incarnation == 0:
+                _transport.start_rpc(self._store, me, self._rank(), self.rpc_timeout)
+            else:
+                dead = [rpc_name(self.job_name, self.task_index, k) for k in range(self.incarnation)]
+                self.replaced = _transport.start_rpc_replacing(self._store, me, self._rank(), self.rpc_timeout, dead)
+            self._store.set(self._key("incarnation"), str(self.incarnation))
             self._store.set(self._key("up"), "1")
             self._start_heartbeat()
             self._wait_for_all("up", deadline, "tasks connected")
@@ -186,6 +205,9 @@ class Server:
             raise
         self._started = True
         self._install_exit_hooks()
+        if self.incarnation > 0:
+            _say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member "
+                 f"{rpc_name(self.job_name, self.task_index, self.incarnation)}; dropped the dead {self.replaced or 'none'}")
         return self
 
     def _set_local_task(self) -> None:
@@ -197,7 +219,18 @@ class Server:
             os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback too
 
     def _rank(self) -> int:
-        return self.cluster.rank_of(self.job_name, self.task_index)
+        # each incarnation needs its own RPC rank too: torch keeps a dead member's id taken
+        return self.cluster.rank_of(self.job_name, self.task_index) + self.incarnation * len(self.cluster.tasks())
+
+    def rpc_name_of(self, job: str, index: int) -> str:
+        """The RPC name of a task's current incarnation (from the store; a task that was restarted
+        joined under a new name)."""
+        key = self._key("incarnation", job, index)
+        k = self._incarnations.get((job, index), 0)
+        if self._store is not None and self._store.check([key]):
+            k = int(self._store.get(key).decode())
+            self._incarnations[(job, index)] = k
+        return rpc_name(job, index, k)
 
     def _key(self, kind: str, job: Optional[str] = None, index: Optional[int] = None) -> str:
         job = self.job_name if job is None else job
@@ -329,16 +362,50 @@ class Server:
 
     def _claim_slot(self) -> None:
         mine = json.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(), "proof": _proof(self.token, self._nonce, self.name)}
+            {"pid": os.getpid(), "host": socket.gethostname(), "incarnation": self.incarnation,
+             "proof": _proof(self.token, self._nonce, self.name)}
         )
         held = self._store.compare_set(self._key("slot"), "", mine).decode()
+        if held != mine and self.incarnation > 0:  # restarted: take over the slot if its holder is dead
+            other = json.loads(held)
+            if other.get("incarnation", 0) < self.incarnation and self._holder_is_dead(other):
+                held = self._store.compare_set(self._key("slot"), held, mine).decode()
         if held != mine:
             other = json.loads(held)
+            if self.incarnation > 0:
+                raise ClusterJoinError(
+                    f"{self.name} (restart {self.incarnation}) cannot take over its slot: the process holding it (pid "
+                    f"{other.get('pid')} on {other.get('host')}, incarnation {other.get('incarnation', 0)}) is still "
+                    "alive and beating. Stop it first; a restarted task replaces only a dead one.",
+                    task=self.name,
+                )
             raise ClusterJoinError(
                 f"{self.name} is already taken by another process (pid {other.get('pid')} on {other.get('host')}); "
                 "a slot holds one task. Stop the other one, or start this one with a free --task_index.",
                 task=self.name,
             )
+
+    def _holder_is_dead(self, holder: dict) -> bool:
+        """Whether the process that holds this slot is gone: on this host by its pid, elsewhere by
+        its heartbeat standing still for three beats."""
+        if holder.get("host") == socket.gethostname() and holder.get("pid"):
+            try:
+                os.kill(int(holder["pid"]), 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+            try:
+                with open(f"/proc/{int(holder['pid'])}/stat") as f:  # a zombie is dead too
+                    return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:  # gone since the check
+                return True
+            except OSError:  # no /proc here: alive as far as we can tell
+                return False
+        key = self._key("beat")
+        before = self._store.add(key, 0)
+        time.sleep(3 * _BEAT_EVERY)
+        return self._store.add(key, 0) == before
 
     def _wait_for_all(self, kind: str, deadline: float, what: str) -> None:
         tasks = self.cluster.tasks()
@@ -418,7 +485,11 @@ class Server:
         self._beat_thread.start()
 
     def _check_heartbeats(self, running: List[DeviceSpec], seen: Dict[str, tuple]) -> None:
-        """A task that stopped beating without saying it is done was killed or hangs: fail instead of waiting forever."""
+        """A task that stopped beating without saying it is done was killed or hangs: fail instead of waiting forever.
+
+        A task the launcher may still restart (`--max-restarts`) gets the join timeout on top,
+        the time a restarted task has to come back; its new incarnation beats the same counter.
+        """
         now = time.monotonic()
         for t in running:
             name = _task_name(t.job, t.task)
@@ -426,13 +497,26 @@ class Server:
             last = seen.get(name)
             if last is None or last[0] != count:
                 seen[name] = (count, now)
-            elif now - last[1] > self.heartbeat_timeout:
-                raise ClusterError(
-                    f"{name} at {self.cluster.task_address(t.job, t.task)} stopped answering: no heartbeat for "
-                    f"{self.heartbeat_timeout:g} s and it never finished. It was killed or is hung; restart the "
-                    f"cluster (the wait is {_env.ENV_HEARTBEAT_TIMEOUT}).",
-                    task=name,
-                )
+                continue
+            silent = now - last[1]
+            if silent <= self.heartbeat_timeout:
+                continue
+            key = self._key("incarnation", t.job, t.task)
+            incarnation = int(self._store.get(key).decode()) if self._store.check([key]) else 0
+            may_restart = incarnation < self.max_restarts
+            if may_restart and silent <= self.heartbeat_timeout + self.join_timeout:
+                continue
+            waited = (
+                f"{silent:.0f} s (it may be restarted: {incarnation} of {self.max_restarts} restarts used, and "
+                f"the wait includes {_env.ENV_JOIN_TIMEOUT}={self.join_timeout:g} s for it to come back)"
+                if may_restart else f"{self.heartbeat_timeout:g} s"
+            )
+            raise ClusterError(
+                f"{name} at {self.cluster.task_address(t.job, t.task)} stopped answering: no heartbeat for "
+                f"{waited} and it never finished. It was killed or is hung; restart the cluster, or launch with "
+                f"--max-restarts N so the launcher restarts it (the wait is {_env.ENV_HEARTBEAT_TIMEOUT}).",
+                task=name,
+            )
 
     def abort(self, reason: str) -> None:
         """Tell the others this task failed (their join() raises with `reason`) and leave at once."""

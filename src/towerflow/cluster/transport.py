@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import socket
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -106,6 +106,56 @@ def start_rpc(store: Store, name: str, rank: int, timeout: float, num_threads: i
     options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=timeout, num_worker_threads=num_threads)
     dist_autograd._init(rank)  # init_rpc does this too; the agent refuses to start without it
     rpc._init_rpc_backend(BackendType.TENSORPIPE, prefix_store("rpc", store), name, rank, None, options)
+
+
+_MEMBERS_KEY = "names/_ALL_WORKER_INFOS"  # where torch's dynamic RPC group lists its members ("name-rank,...")
+
+
+def _forget_members(store: Store, names: Sequence[str]) -> List[Tuple[str, int]]:
+    """Remove `names` from the RPC group's member list in the store (under torch's membership token)."""
+    from torch.distributed.rpc._utils import _group_membership_management
+
+    rpc_store = prefix_store("rpc", store)
+    gone: List[Tuple[str, int]] = []
+    with _group_membership_management(rpc_store, f"evict_{names[0]}", True):
+        if not rpc_store.check([_MEMBERS_KEY]):
+            return gone
+        kept = []
+        for entry in rpc_store.get(_MEMBERS_KEY).decode().split(","):
+            if not entry:
+                continue
+            name, rank = entry.rsplit("-", 1)
+            if name in names:
+                gone.append((name, int(rank)))
+            else:
+                kept.append(entry + ",")
+        rpc_store.set(_MEMBERS_KEY, "".join(kept))
+    return gone
+
+
+def _drop_peer(name: str, rank: int) -> None:
+    """Runs on a live member: forget a dead one, as if it had left (torch's own leave message)."""
+    from torch.distributed import rpc
+    from torch.distributed.rpc._utils import _update_group_membership
+
+    _update_group_membership(rpc.WorkerInfo(name, rank), [], {}, False)
+
+
+def start_rpc_replacing(store: Store, name: str, rank: int, timeout: float, dead: Sequence[str]) -> List[str]:
+    """Join as `name` in place of dead members (killed, so they never left).
+
+    torch's dynamic group would call every listed member while this task joins, and again
+    when anyone leaves, and a killed one never answers: so the dead are taken off the list
+    in the store first, and once joined this task tells each live member to drop them too.
+    Returns the names that were dropped.
+    """
+    gone = _forget_members(store, list(dead)) if dead else []
+    start_rpc(store, name, rank, timeout)
+    for peer in peers():
+        if peer != name:
+            for dead_name, dead_rank in gone:
+                call_async(peer, _drop_peer, args=(dead_name, dead_rank)).wait()
+    return [n for n, _ in gone]
 
 
 def stop_rpc(graceful: bool = True) -> None:

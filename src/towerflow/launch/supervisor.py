@@ -52,8 +52,10 @@ class TaskProcessSpec:
 
 
 class _Running:
-    def __init__(self, spec: TaskProcessSpec, restarts: int, out: TextIO, err: TextIO, lock: threading.Lock):
-        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+    def __init__(self, spec: TaskProcessSpec, restarts: int, out: TextIO, err: TextIO, lock: threading.Lock,
+                 max_restarts: int = 0):
+        # every task learns how many restarts are allowed: peers of a silent task wait that long for it
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", "TOWERFLOW_MAX_RESTARTS": str(max_restarts)}
         self.spec = spec
         self.restarts = restarts
         self.tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
@@ -145,7 +147,7 @@ class Supervisor:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self._running = [_Running(t, 0, self.out, self.err, self._lock) for t in self.tasks]
+            self._running = [_Running(t, 0, self.out, self.err, self._lock, self.max_restarts) for t in self.tasks]
             return self._watch()
         except KeyboardInterrupt:
             self._say("interrupted; stopping every task")
@@ -168,12 +170,14 @@ class Supervisor:
                     continue
                 r.finish_output()
                 if r.restarts < self.max_restarts:
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                     self._say(
-                        f"{r.spec.name} exited with code {code}; restarting it ({r.restarts + 1} of {self.max_restarts})"
+                        f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of {self.max_restarts})"
                     )
-                    env = {**r.spec.env, "TOWERFLOW_RESTART_COUNT": str(r.restarts + 1)}
+                    env = {**r.spec.env, "TOWERFLOW_RESTART_COUNT": str(r.restarts + 1),
+                           "TOWERFLOW_RESTARTED_AT": repr(time.time())}
                     spec = dataclasses.replace(r.spec, env=env)
-                    self._running[i] = _Running(spec, r.restarts + 1, self.out, self.err, self._lock)
+                    self._running[i] = _Running(spec, r.restarts + 1, self.out, self.err, self._lock, self.max_restarts)
                     pending += 1
                     continue
                 self.failure = TaskFailure(r.spec.name, r.proc.pid, socket.gethostname(), code, list(r.tail))

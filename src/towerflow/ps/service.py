@@ -73,6 +73,7 @@ class ShardService:
         self._all_done: List[torch.futures.Future] = []
         self._finishing: Dict[int, Tuple[int, torch.futures.Future]] = {}  # finishes waiting for late pushes
         self._next_key = 0
+        self.rejoins: Dict[int, int] = collections.Counter()  # restarted workers that came back, by worker
         self.bytes_in: Dict[int, int] = collections.Counter()
         self.bytes_out: Dict[int, int] = collections.Counter()
         self.started = time.monotonic()
@@ -223,6 +224,15 @@ class ShardService:
         for future, result in released:  # outside the lock: completing sends the reply
             future.set_result(result)
 
+    def _check_rejoin(self, worker: int) -> None:
+        self.coordinator._check_worker(worker)
+        if worker not in self.coordinator.active:
+            raise ParameterServerError(
+                f"worker {worker} was restarted after it had finished; a finished worker has nothing to rejoin. "
+                "Restart only tasks that died mid-training."
+            )
+        self.rejoins[worker] += 1
+
     # ---- checkpoints
     def state_dict(self) -> dict:
         """Values, optimizer state and global step, copied (a checkpoint of this ps task)."""
@@ -267,6 +277,7 @@ class ShardService:
             bytes_pushed_by_worker=dict(self.bytes_in),
             bytes_pulled_by_worker=dict(self.bytes_out),
             updates_per_s=out["applied_updates"] / elapsed,
+            rejoins_by_worker=dict(self.rejoins),
             shards=[s.name for s in self.shards],
         )
         return out
@@ -312,6 +323,20 @@ def _rpc_wait_ready(model: str) -> torch.futures.Future:
             return future
     future.set_result(step)
     return future
+
+
+@_transport.deferred
+def _rpc_rejoin(model: str, worker: int) -> torch.futures.Future:
+    """A restarted worker comes back: a future of (global step, pushes this ps has from that worker),
+    so it goes on from the ps's step and its clock counts its earlier incarnations' pushes."""
+
+    def answer(_f) -> Tuple[int, int]:
+        service = _get(model)
+        with service._lock:
+            service._check_rejoin(worker)
+            return service.coordinator.global_step, service.coordinator.pushes_by_worker[worker]
+
+    return _rpc_wait_ready(model).then(answer)
 
 
 @_transport.deferred

@@ -64,9 +64,10 @@ def _share_cpus(cluster) -> None:
 class _Channel:
     """This worker's link to one ps task: which parameter pieces go there, reused push buffers, its ticket."""
 
-    def __init__(self, task: int, layout: Layout, params: Dict[str, torch.nn.Parameter], device: torch.device):
+    def __init__(self, task: int, layout: Layout, params: Dict[str, torch.nn.Parameter], device: torch.device,
+                 to: Optional[str] = None):
         self.task = task
-        self.to = _server.rpc_name("ps", task)
+        self.to = to or _server.rpc_name("ps", task)  # the ps task's RPC name (its current incarnation's)
         self.shards = layout.on_task(task)
         sizes = layout.flat_sizes(task)
         self.dtypes = list(sizes)
@@ -218,22 +219,44 @@ class ParameterServerStrategy(Strategy):
         _service.check_optimizer(type(optimizer))
         settings = {k: v for k, v in groups[0].items() if k != "params"}
         self.layout = plan_layout(params, self.num_ps, self.placement, self.partition)
-        self._channels = [_Channel(t, self.layout, params, self.device) for t in range(self.num_ps) if self.layout.on_task(t)]
-        if self.is_chief:
+        self._channels = [_Channel(t, self.layout, params, self.device, self.server.rpc_name_of("ps", t))
+                          for t in range(self.num_ps) if self.layout.on_task(t)]
+        rejoined = None
+        if self.is_chief and self.server.incarnation == 0:
             futures = [
                 _transport.call_async(ch.to, _service._rpc_create, args=(
                     self.model_name, ch.shards, self.layout.pack(ch.task, params), type(optimizer), settings,
                     self.policy, self.num_replicas_in_sync))
                 for ch in self._channels
             ]
+        elif self.server.incarnation > 0:  # restarted: go on from the ps's step, with the clock its pushes set
+            futures = [_transport.call_async(ch.to, _service._rpc_rejoin, args=(self.model_name, self.replica_id))
+                       for ch in self._channels]
+            rejoined = [f.wait() for f in futures]
+            self._pushes = max((p for _, p in rejoined), default=0)
         else:
             futures = [_transport.call_async(ch.to, _service._rpc_wait_ready, args=(self.model_name,)) for ch in self._channels]
         for f in futures:
             f.wait()
-        self._install(self._pull(clock=0))
+        self._install(self._pull(clock=self._pushes))
+        if rejoined is not None:
+            self._say_rejoined()
         self._started = time.perf_counter()
         wrapped = _PSOptimizer(optimizer, self, list(params.values()), lr_schedule, clip_grad_norm)
         return model, wrapped
+
+    def _say_rejoined(self) -> None:
+        """Log the recovery: where the restarted worker goes on, what was lost, how long it was down."""
+        from towerflow.cluster import environment as _env
+
+        died = os.environ.get(_env.ENV_RESTARTED_AT)
+        down = f"; down {time.time() - float(died):.2f} s from its death to rejoining" if died else ""
+        print(
+            f"towerflow: {self.server.name} rejoined training (restart {self.server.incarnation}) at global step "
+            f"{self.global_step}; the ps kept its {self._pushes} earlier pushes; lost: the gradient it was computing "
+            f"and its place in its data{down}",
+            file=sys.stderr, flush=True,
+        )
 
     def _on_batch(self, batch) -> None:
         # Each worker's gradient is the mean over its own batch: the ps averages (sync) or applies it as is.

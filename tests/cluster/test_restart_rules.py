@@ -1,0 +1,87 @@
+"""The rules a restarted task and its peers follow, on a stand-in store (no processes, no RPC)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from towerflow.cluster.server import Server, rpc_name
+from towerflow.errors import ClusterError, ClusterJoinError
+
+
+class FakeStore:
+    """The few TCPStore calls the rules use, with the same compare_set semantics."""
+
+    def __init__(self):
+        self.d = {}
+
+    def check(self, keys):
+        return all(k in self.d for k in keys)
+
+    def get(self, key):
+        return self.d[key]
+
+    def set(self, key, value):
+        self.d[key] = value.encode() if isinstance(value, str) else value
+
+    def add(self, key, n):
+        value = int(self.d.get(key, b"0")) + n
+        self.d[key] = str(value).encode()
+        return value
+
+    def compare_set(self, key, expected, new):
+        current = self.d.get(key)
+        if (current is None and expected == "") or (current is not None and current.decode() == expected):
+            self.set(key, new)
+        return self.d.get(key, expected.encode())
+
+
+def _server(monkeypatch, restarts=0, max_restarts=0):
+    monkeypatch.setenv("TOWERFLOW_RESTART_COUNT", str(restarts))
+    monkeypatch.setenv("TOWERFLOW_MAX_RESTARTS", str(max_restarts))
+    s = Server({"worker": ["localhost:1", "localhost:2"]}, "worker", 1, start=False)
+    s._store, s._nonce = FakeStore(), "n"
+    return s
+
+
+def test_each_incarnation_has_its_own_rpc_name_and_rank(monkeypatch):
+    assert [rpc_name("worker", 1, k) for k in (0, 2)] == ["worker:1", "worker:1:r2"]
+    assert _server(monkeypatch)._rank() == 1 and _server(monkeypatch, restarts=2)._rank() == 5
+    s = _server(monkeypatch)
+    assert s.rpc_name_of("worker", 0) == "worker:0"
+    s._store.set("incarnation/worker/0", "3")
+    assert s.rpc_name_of("worker", 0) == "worker:0:r3"
+
+
+def test_a_silent_task_that_may_restart_gets_the_join_timeout_on_top(monkeypatch):
+    s = _server(monkeypatch, max_restarts=1)
+    task = [t for t in s.cluster.tasks() if t.task == 0]
+    s._check_heartbeats(task, {"/job:worker/task:0": (0, time.monotonic() - 20)})  # 20 s < 15 + 60: waits on
+    with pytest.raises(ClusterError, match=r"no heartbeat for 80 s \(it may be restarted: 0 of 1 restarts used"):
+        s._check_heartbeats(task, {"/job:worker/task:0": (0, time.monotonic() - 80)})
+    s._store.set("incarnation/worker/0", "1")  # its one restart is used up: the plain timeout
+    with pytest.raises(ClusterError, match="no heartbeat for 15 s and it never finished"):
+        s._check_heartbeats(task, {"/job:worker/task:0": (0, time.monotonic() - 20)})
+
+
+def test_a_restarted_task_takes_over_a_dead_holders_slot_but_not_a_live_ones(monkeypatch):
+    s = _server(monkeypatch, restarts=1)
+    live = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "incarnation": 0})
+    s._store.set("slot/worker/1", live)
+    with pytest.raises(ClusterJoinError, match=r"cannot take over its slot: the process holding it \(pid \d+"):
+        s._claim_slot()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    s._store.set("slot/worker/1", json.dumps({"pid": dead.pid, "host": socket.gethostname(), "incarnation": 0}))
+    s._claim_slot()
+    assert json.loads(s._store.get("slot/worker/1"))["incarnation"] == 1
+    fresh = _server(monkeypatch)  # a first start never takes a held slot
+    fresh._store.set("slot/worker/1", live)
+    with pytest.raises(ClusterJoinError, match="is already taken by another process"):
+        fresh._claim_slot()
