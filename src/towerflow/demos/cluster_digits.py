@@ -21,7 +21,7 @@ from torch import nn
 import towerflow
 from towerflow.data import load_mnist_or_digits
 from towerflow.monitoring.report import write_report
-from towerflow.session import LoggingHook, MonitoredTrainingSession, StopAtStepHook
+from towerflow.session import LoggingHook, MonitoredTrainingSession
 
 
 def build_model() -> nn.Module:
@@ -74,11 +74,14 @@ def main(argv=None) -> int:
         return loss
 
     started = time.perf_counter()
-    hooks = [StopAtStepHook(last_step=args.steps), LoggingHook(every_n_steps=max(1, args.steps // 12), all_tasks=True)]
+    # Each worker runs its share of the steps. (A global-step stop would let a worker that started
+    # late find the budget already spent by the other one and train nothing: async waits for no one.)
+    share = max(1, args.steps // strategy.num_replicas_in_sync)
+    hooks = [LoggingHook(every_n_steps=max(1, share // 6), all_tasks=True)]
     with MonitoredTrainingSession(model, optimizer, strategy=strategy, logdir=args.logdir, hooks=hooks,
                                   log_step_count_steps=0, save_checkpoint_steps=max(1, args.steps // 2),
                                   progress=False) as session:
-        while not session.should_stop():
+        while session.local_steps < share and not session.should_stop():
             x, y = next(batches)
             session.run(step, x, y)
     test = strategy.distribute_loader(data.test, global_batch_size=len(data.test), shuffle=False)
