@@ -9,6 +9,12 @@ The model of examples/mnist_sync.py (MNIST-t10k: first 8,000 images train, last 
 scikit-learn's 8x8 digits without --data). The variables and Adam live on the ps; every
 worker reads its own shard of the data. --steps counts global steps, as TF's StopAtStepHook
 does: an update in sync mode, a push otherwise. The chief evaluates the final variables.
+
+Training runs under a MonitoredTrainingSession: with --logdir the chief checkpoints the ps
+state every --save-checkpoint-steps, and with `towerflow launch --max-restarts N` the job
+survives a killed worker, ps or chief (docs/fault-tolerance.md):
+
+    towerflow launch --ps 1 --workers 2 --max-restarts 3 --logdir runs/mnist_ps examples/mnist_ps.py --data ../shared/data/mnist-t10k
 """
 
 import argparse
@@ -46,7 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--prefetch", action="store_true", help="pull the next values while computing (async, ssp)")
     p.add_argument("--staleness-aware-lr", "--staleness_aware_lr", action="store_true",
                    help="divide the learning rate by each push's staleness (async, ssp)")
-    p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"))
+    p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"), help="checkpoints and metrics.jsonl")
+    p.add_argument("--save-checkpoint-steps", "--save_checkpoint_steps", type=int, default=100,
+                   help="the chief checkpoints the ps state every N global steps (with --logdir)")
     p.add_argument("--seed", type=int, default=0)
     args, _ = p.parse_known_args(argv)  # the cluster flags (--ps_hosts ...) are the Server's
     return args
@@ -69,13 +77,17 @@ def main(argv=None):
 
     start = time.perf_counter()
     losses = []
-    for batch in train.forever():
-        if strategy.global_step >= args.steps:
-            break
-        loss = towerflow.train_step(strategy, model, optimizer, batch, F.cross_entropy)
-        losses.append(float(loss))
-        if strategy.is_chief and len(losses) % 100 == 0:
-            print(f"step {strategy.global_step}/{args.steps}  loss {sum(losses[-100:]) / 100:.4f}", flush=True)
+    with towerflow.MonitoredTrainingSession(
+        model, optimizer, strategy=strategy, logdir=args.logdir, hooks=[towerflow.StopAtStepHook(last_step=args.steps)],
+        save_checkpoint_steps=args.save_checkpoint_steps, log_step_count_steps=0, progress=False,
+    ) as session:
+        for batch in train.forever():
+            if session.should_stop():
+                break
+            loss = session.run(towerflow.train_step, strategy, model, optimizer, batch, F.cross_entropy)
+            losses.append(float(loss))
+            if strategy.is_chief and len(losses) % 100 == 0:
+                print(f"step {strategy.global_step}/{args.steps}  loss {sum(losses[-100:]) / 100:.4f}", flush=True)
     elapsed = time.perf_counter() - start
     m = strategy.metrics()
     print(f"worker {strategy.replica_id}: {m['steps']} steps at {m['steps_per_s']:.1f} steps/s, "

@@ -98,7 +98,8 @@ def test_metrics_records_and_checkpoint_events(tmp_path):
     assert all(r["task"] == "localhost:0" and r["role"] == "chief" and r["steps_per_sec"] > 0 for r in records if "loss" in r)
     expected = "/device:GPU:0" if torch.cuda.is_available() else "/device:CPU:0"
     assert {r["device"] for r in records} == {expected}
-    assert [r["event"] for r in records if "event" in r] == ["checkpoint ckpt-0000000005.pt", "checkpoint ckpt-0000000010.pt"]
+    assert [r["event"] for r in records if "event" in r] == ["checkpoint ckpt-0000000000.pt", "checkpoint ckpt-0000000005.pt",
+                                                                 "checkpoint ckpt-0000000010.pt"]
 
 
 def test_worker_zero_is_chief_without_a_chief_job(monkeypatch):

@@ -114,4 +114,16 @@ def run(args) -> int:
         return 2
     if logdir:
         os.makedirs(logdir, exist_ok=True)
-    return Supervisor(plan.tasks, max_restarts=args.max_restarts).run()
+    store = None
+    if plan.store_address:  # held for the whole run: the tasks meet here, and a restarted chief finds them again
+        from towerflow.cluster.server import host_rendezvous
+
+        try:
+            store = host_rendezvous(plan.cluster, plan.token, plan.store_address)
+        except TowerflowError as e:
+            print(f"towerflow launch: {e}", file=sys.stderr)
+            return 2
+    try:
+        return Supervisor(plan.tasks, max_restarts=args.max_restarts).run()
+    finally:
+        del store

@@ -26,6 +26,7 @@ ENV_HEARTBEAT_TIMEOUT = "TOWERFLOW_HEARTBEAT_TIMEOUT"  # seconds of silence befo
 ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher restarted this task
 ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher allows each task (--max-restarts)
 ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
+ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the launcher hosts it (not a task)
 # TensorFlow's
 ENV_TF_CONFIG = "TF_CONFIG"
 # torchrun's, for the process group of training replicas (chief, then workers; no ps)
@@ -45,6 +46,7 @@ CONTRACT = (
     ENV_LOGDIR,
     ENV_DEVICE,
     ENV_CLUSTER_TOKEN,
+    ENV_STORE,
 )
 
 
@@ -72,6 +74,7 @@ def task_environment(
     logdir: Optional[str] = None,
     device: Optional[str] = None,
     token: Optional[str] = None,
+    store: Optional[str] = None,
 ) -> Dict[str, str]:
     """The variables one launched task gets (see docs/architecture.md, 'The environment contract')."""
     cluster.task_address(job_name, task_index)  # validates the pair
@@ -97,6 +100,8 @@ def task_environment(
         env[ENV_DEVICE] = device
     if token:
         env[ENV_CLUSTER_TOKEN] = token
+    if store:
+        env[ENV_STORE] = store
     return env
 
 

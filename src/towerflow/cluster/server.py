@@ -1,8 +1,9 @@
 """Server: one task of a cluster, as `tf.train.Server(cluster, job_name, task_index)`.
 
-Starting a server holds the task's address, finds the coordinator (the first task in rank
-order, which hosts the rendezvous store at its own address), checks that this task has the
-same cluster spec and token as the coordinator, claims its slot, waits until every task has
+Starting a server holds the task's address, finds the rendezvous store (hosted by the
+launcher for a local cluster, so that it outlives any task; otherwise by the coordinator,
+the first task in rank order, at its own address), checks that this task has the same
+cluster spec and token as the store's publisher, claims its slot, waits until every task has
 done the same, then joins the RPC group that remote calls use. `join()` blocks until every
 task is done (what a ps does) and then leaves cleanly.
 """
@@ -70,6 +71,43 @@ def _proof(token: Optional[str], nonce: str, what: str) -> str:
     return hmac.new((token or "").encode(), f"{nonce}:{what}".encode(), hashlib.sha256).hexdigest()
 
 
+def _serve_store(sock: socket.socket, cluster: ClusterSpec, token: Optional[str], host_name: str, timeout: float):
+    """Serve the rendezvous store on a listening socket and publish the cluster in it; returns (store, nonce)."""
+    store = _transport.prefix_store("towerflow", _transport.host_store(sock, timeout))
+    nonce = secrets.token_hex(16)
+    store.set(
+        "coordinator",
+        json.dumps(
+            {
+                "task": host_name,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "cluster": cluster.as_dict(),
+                "fingerprint": cluster.fingerprint(),
+                "has_token": token is not None,
+                "nonce": nonce,
+                "proof": _proof(token, nonce, "coordinator"),
+            }
+        ),
+    )
+    return store, nonce
+
+
+def host_rendezvous(cluster: ClusterLike, token: Optional[str], address: str, timeout: float = DEFAULT_JOIN_TIMEOUT):
+    """Host a cluster's rendezvous store outside its tasks (what `towerflow launch` does for a local
+    cluster), so that it outlives any task: a killed chief can then be restarted and rejoin.
+
+    Tasks find it through TOWERFLOW_STORE=address. Returns the store; it serves while referenced.
+    """
+    cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
+    host, port = split_address(address)
+    try:
+        sock = _transport.listen(host, port)
+    except OSError as e:
+        raise ClusterJoinError(f"cannot host the rendezvous store at {address!r}: {e.strerror or e}") from None
+    return _serve_store(sock, cluster, token, f"towerflow launch (pid {os.getpid()})", timeout)[0]
+
+
 class Server:
     """One task of a cluster: holds its address, joins the others, serves remote calls.
 
@@ -111,6 +149,8 @@ class Server:
         self.join_timeout = float(join_timeout if join_timeout is not None else raw or DEFAULT_JOIN_TIMEOUT)
         self.rpc_timeout = rpc_timeout
         self._store = None
+        self._store_address = os.environ.get(_env.ENV_STORE) or None  # the launcher's store, when it hosts one
+        self._hosts_store = False
         self._sock: Optional[socket.socket] = None
         self._started = False
         self._stopped = False
@@ -184,7 +224,7 @@ class Server:
         self._set_local_task()
         deadline = time.monotonic() + self.join_timeout
         try:
-            if self.is_coordinator:
+            if self.is_coordinator and self._store_address is None:
                 self._host()
             else:
                 self._join_coordinator(deadline)
@@ -232,6 +272,49 @@ class Server:
             self._incarnations[(job, index)] = k
         return rpc_name(job, index, k)
 
+    def publish(self, key: str, value: str) -> None:
+        """Record a small fact every task can read (`lookup`); it lives in the rendezvous store, so it
+        outlives the task that wrote it (a ps strategy notes there which workers have finished)."""
+        self._store.set(f"facts/{key}", value)
+
+    def lookup(self, key: str) -> Optional[str]:
+        """A fact some task `publish`ed, or None."""
+        full = f"facts/{key}"
+        return self._store.get(full).decode() if self._store.check([full]) else None
+
+    def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None) -> str:
+        """Wait until task (job, index), whose incarnation named `lost` is gone, has been restarted
+        and joined again; returns the new incarnation's RPC name.
+
+        Raises ClusterError at once when the launcher will not restart it (no restarts left), and
+        ClusterTimeoutError when it is not back within `timeout` (default: heartbeat + join timeouts).
+        """
+        name = _task_name(job, index)
+        limit = self.heartbeat_timeout + self.join_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            current = self.rpc_name_of(job, index)
+            if current != lost:
+                return current
+            key = self._key("incarnation", job, index)
+            incarnation = int(self._store.get(key).decode()) if self._store.check([key]) else 0
+            if incarnation >= self.max_restarts:
+                raise ClusterError(
+                    f"{self.name} lost {name} ({cause}), and it will not be restarted ({incarnation} of "
+                    f"{self.max_restarts} restarts used). Launch with --max-restarts N: the launcher then restarts a "
+                    "lost task and training goes on.",
+                    task=name,
+                )
+            now = time.monotonic()
+            if now > deadline:
+                raise ClusterTimeoutError(
+                    f"{self.name} lost {name} ({cause}) and it was not back within {limit:g} s "
+                    f"({_env.ENV_HEARTBEAT_TIMEOUT} + {_env.ENV_JOIN_TIMEOUT}); is the launcher of its host still running?",
+                    task=self.name,
+                    missing=[name],
+                )
+            time.sleep(_POLL)
+
     def _key(self, kind: str, job: Optional[str] = None, index: Optional[int] = None) -> str:
         job = self.job_name if job is None else job
         index = self.task_index if index is None else index
@@ -243,27 +326,11 @@ class Server:
     def _host(self) -> None:
         host, port = split_address(self.address)
         try:
-            self._sock = _transport.listen(self._bind_host(host), port)
+            sock = _transport.listen(self._bind_host(host), port)
         except OSError as e:
             raise self._bind_error(e, port_taken_by=None) from None
-        sock, self._sock = self._sock, None  # handed over: the store closes it
-        self._store = _transport.prefix_store("towerflow", _transport.host_store(sock, self.join_timeout))
-        self._nonce = secrets.token_hex(16)
-        self._store.set(
-            "coordinator",
-            json.dumps(
-                {
-                    "task": self.name,
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "cluster": self.cluster.as_dict(),
-                    "fingerprint": self.cluster.fingerprint(),
-                    "has_token": self.token is not None,
-                    "nonce": self._nonce,
-                    "proof": _proof(self.token, self._nonce, "coordinator"),
-                }
-            ),
-        )
+        self._store, self._nonce = _serve_store(sock, self.cluster, self.token, self.name, self.join_timeout)
+        self._hosts_store = True
 
     def _bind_error(self, e: OSError, port_taken_by: Optional[dict]) -> ClusterJoinError:
         host, port = split_address(self.address)
@@ -295,10 +362,13 @@ class Server:
         except OSError as e:
             if e.errno != errno.EADDRNOTAVAIL:  # not this machine's address (torchrun names): nothing to hold
                 bind_error = e
-        coordinator = self.cluster.coordinator()
-        c_address = self.cluster.task_address(coordinator.job, coordinator.task)
+        if self._store_address is not None:
+            c_address, c_name = self._store_address, "the launcher's rendezvous store"
+        else:
+            coordinator = self.cluster.coordinator()
+            c_address = self.cluster.task_address(coordinator.job, coordinator.task)
+            c_name = _task_name(coordinator.job, coordinator.task)
         c_host, c_port = split_address(c_address)
-        c_name = _task_name(coordinator.job, coordinator.task)
         n = len(self.cluster.tasks())
         said = time.monotonic() - _SAY_EVERY + 1.0  # first message after a second of waiting
         while not _transport.port_is_open(c_host, c_port):
@@ -526,7 +596,7 @@ class Server:
         try:
             if self._store is not None:
                 self._store.set(self._key("failed"), reason[-4000:])
-                if self.is_coordinator:  # keep the store up until the others have read why (or 3 s)
+                if self._hosts_store:  # keep the store up until the others have read why (or 3 s)
                     self._wait_left(3.0)
         except Exception:
             pass
@@ -549,7 +619,7 @@ class Server:
             if graceful:
                 _transport.stop_rpc(graceful=True)
                 self._store.set(self._key("left"), "1")
-                if self.is_coordinator:  # the store must outlive everyone's leave
+                if self._hosts_store:  # the store must outlive everyone's leave
                     self._wait_left(30.0)
             else:
                 _transport.stop_rpc(graceful=False)

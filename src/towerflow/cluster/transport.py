@@ -158,6 +158,16 @@ def start_rpc_replacing(store: Store, name: str, rank: int, timeout: float, dead
     return [n for n, _ in gone]
 
 
+def is_peer_lost(error: BaseException) -> bool:
+    """Whether a failed remote call failed because the other task is gone (killed, its host down),
+    rather than because the called function raised: TensorPipe's own errors ('eof', 'ECONNREFUSED',
+    'ECONNRESET', ... 'this error originated at tensorpipe/...') and calls to a member that was dropped."""
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error)
+    return "originated at tensorpipe/" in text or "Unknown destination worker" in text or "ECONNREFUSED" in text
+
+
 def stop_rpc(graceful: bool = True) -> None:
     """Leave the RPC group (graceful: tell the others first) and stop the agent."""
     from torch.distributed import rpc

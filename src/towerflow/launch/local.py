@@ -1,6 +1,7 @@
 """The embedded local cluster: every task of a cluster on this machine, on loopback, with free ports.
 
-`plan_local()` decides the cluster and each task's environment; `plan_one()` does the same
+`plan_local()` decides the cluster and each task's environment (the launcher then hosts the
+cluster's rendezvous store itself, so a killed chief can come back); `plan_one()` does the same
 for one task of a multi-host cluster (`--cluster FILE --job_name J --task_index I`). Both
 hand their plans to the Supervisor, so one script works under either.
 """
@@ -30,6 +31,8 @@ class LaunchPlan:
 
     cluster: ClusterSpec
     tasks: List[TaskProcessSpec]
+    store_address: Optional[str] = None  # the launcher hosts the rendezvous store here (local clusters)
+    token: Optional[str] = None
 
 
 def free_ports(n: int, host: str = LOOPBACK) -> List[int]:
@@ -102,8 +105,9 @@ def plan_local(
     if n_workers == 0 and not chief:
         raise LaunchError("a cluster needs a chief or at least one worker: add --workers N or --chief")
     counts = {"chief": int(chief), "worker": n_workers, "ps": ps}
-    ports = free_ports(sum(counts.values()) + 1)
+    ports = free_ports(sum(counts.values()) + 2)
     master_port = ports.pop()
+    store_address = f"{LOOPBACK}:{ports.pop()}"
     cluster = ClusterSpec({job: [f"{LOOPBACK}:{ports.pop(0)}" for _ in range(n)] for job, n in counts.items() if n})
     token = token or os.environ.get(_env.ENV_CLUSTER_TOKEN) or secrets.token_hex(16)
     tasks = []
@@ -111,10 +115,10 @@ def plan_local(
         device = device_list[t.task] if t.job == "worker" and device_list else None
         env = _env.task_environment(
             cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port,
-            logdir=logdir, device=device, token=token,
+            logdir=logdir, device=device, token=token, store=store_address,
         )
         tasks.append(TaskProcessSpec(t.job, t.task, list(script_argv), env))
-    return LaunchPlan(cluster, tasks)
+    return LaunchPlan(cluster, tasks, store_address, token)
 
 
 def plan_one(

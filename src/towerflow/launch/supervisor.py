@@ -148,6 +148,8 @@ class Supervisor:
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             self._running = [_Running(t, 0, self.out, self.err, self._lock, self.max_restarts) for t in self.tasks]
+            if self.max_restarts:  # restartable tasks: say which process is which (to watch them, or to test a kill)
+                self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
             return self._watch()
         except KeyboardInterrupt:
             self._say("interrupted; stopping every task")
@@ -171,13 +173,12 @@ class Supervisor:
                 r.finish_output()
                 if r.restarts < self.max_restarts:
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    self._say(
-                        f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of {self.max_restarts})"
-                    )
                     env = {**r.spec.env, "TOWERFLOW_RESTART_COUNT": str(r.restarts + 1),
                            "TOWERFLOW_RESTARTED_AT": repr(time.time())}
                     spec = dataclasses.replace(r.spec, env=env)
                     self._running[i] = _Running(spec, r.restarts + 1, self.out, self.err, self._lock, self.max_restarts)
+                    self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
+                              f"{self.max_restarts}) as pid {self._running[i].proc.pid}")
                     pending += 1
                     continue
                 self.failure = TaskFailure(r.spec.name, r.proc.pid, socket.gethostname(), code, list(r.tail))

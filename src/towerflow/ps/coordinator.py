@@ -86,6 +86,8 @@ class Coordinator:
         self.pushes_by_worker: Dict[int, int] = collections.Counter()
         self.staleness: Dict[int, int] = collections.Counter()  # staleness -> applied gradients
         self.max_staleness = 0
+        self.restores = 0  # times the state was put back from a checkpoint
+        self.dropped_after_restore = 0  # pushes computed on values from after the checkpoint that was restored
 
     # ---- state
     @property
@@ -115,7 +117,11 @@ class Coordinator:
             raise ParameterServerError(f"worker {worker} pushed after it said it was done; call finish() only at the end")
         self.pushes_by_worker[worker] += 1
         self.clocks[worker] += 1
-        action = self.policy.on_push(self, worker, ticket)
+        if self.restores and ticket.step > self.global_step:  # read before the restore: those values are gone
+            self.dropped_after_restore += 1
+            action = Drop(ticket.step, 0)
+        else:
+            action = self.policy.on_push(self, worker, ticket)
         if isinstance(action, Drop):
             self.dropped += 1
             self.dropped_by_worker[worker] += 1
@@ -138,6 +144,18 @@ class Coordinator:
             self._count_applied(action)
         self._release()
         return action
+
+    def restore(self, global_step: int, clocks: Dict[int, int], finished=()) -> None:
+        """Go back to a checkpoint: its step and clocks; held gradients are discarded and every
+        waiting pull goes (with the restored values), since what it waited for no longer comes."""
+        self.global_step = int(global_step)
+        for w in range(self.num_workers):
+            self.clocks[w] = self.pushes_by_worker[w] = int(clocks.get(w, 0))
+        self.held = []
+        self.active = [w for w in range(self.num_workers) if w not in set(finished)]
+        self.restores += 1
+        self._released += [Go(r, self.policy.ticket(self, r)) for r in self.waiting]
+        self.waiting = []
 
     def released(self) -> List[Go]:
         """Pulls that were waiting and may go now (each returned once)."""
@@ -181,6 +199,8 @@ class Coordinator:
             "pushes_by_worker": dict(self.pushes_by_worker),
             "staleness_histogram": dict(sorted(self.staleness.items())),
             "max_staleness": self.max_staleness,
+            "restores": self.restores,
+            "dropped_after_restore": self.dropped_after_restore,
         }
 
     def __repr__(self) -> str:

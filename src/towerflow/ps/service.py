@@ -235,7 +235,7 @@ class ShardService:
 
     # ---- checkpoints
     def state_dict(self) -> dict:
-        """Values, optimizer state and global step, copied (a checkpoint of this ps task)."""
+        """Values, optimizer state, global step and worker clocks, copied (a checkpoint of this ps task)."""
         import copy
 
         with self._lock:
@@ -244,10 +244,13 @@ class ShardService:
                 "values": [f.detach().clone() for f in self.flats],
                 "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                 "global_step": self.coordinator.global_step,
+                "clocks": dict(self.coordinator.clocks),
             }
 
-    def load_state_dict(self, state: dict) -> int:
-        """Restore a `state_dict()` (before training resumes); returns the restored global step."""
+    def load_state_dict(self, state: dict, finished: Sequence[int] = ()) -> int:
+        """Put a `state_dict()` back (at the start, or after a ps was lost mid-training); returns the
+        restored global step. Held gradients are dropped; waiting pulls get the restored values.
+        `finished`: workers that had finished before (they will not push again)."""
         names = [sp.name for sp in self.shards]
         if state.get("shards") != names:
             raise ParameterServerError(
@@ -255,13 +258,16 @@ class ShardService:
                 "model, number of ps tasks, placement and partition as when it was saved"
             )
         with self._lock:
-            if self.coordinator.held:
-                raise ParameterServerError("cannot restore while a sync step is half aggregated; restore before training")
             for f, v in zip(self.flats, state["values"]):
                 f.copy_(v)
             self.optimizer.load_state_dict(state["optimizer"])
-            self.coordinator.global_step = int(state["global_step"])
-            return self.coordinator.global_step
+            self._summed = 0
+            clocks = state.get("clocks") or {}
+            self.coordinator.restore(int(state["global_step"]), {int(w): int(c) for w, c in clocks.items()}, finished)
+            released = self._take_released()
+            step = self.coordinator.global_step
+        self._complete(released)
+        return step
 
     # ---- inspection
     def values(self) -> Dict[str, torch.Tensor]:
@@ -286,6 +292,7 @@ class ShardService:
 # ---- what workers call (through cluster.transport), one registry per ps process
 _services: Dict[str, ShardService] = {}
 _ready: Dict[str, List[torch.futures.Future]] = collections.defaultdict(list)
+_opened: set = set()  # models the chief has initialized; workers start only then
 _registry_lock = threading.Lock()
 
 
@@ -299,13 +306,27 @@ def _get(model: str) -> ShardService:
     return service
 
 
-def _rpc_create(model: str, shards, values, optimizer_cls, optimizer_defaults, policy, num_workers) -> int:
-    """Create the model's shards here (the chief calls this once); a second create keeps what exists."""
+def _rpc_create(model: str, shards, values, optimizer_cls, optimizer_defaults, policy, num_workers,
+                state: Optional[dict] = None, finished: Sequence[int] = (), open_now: bool = False) -> int:
+    """Create the model's shards here (the chief calls this; a second create keeps what exists),
+    load `state` into them when given (a checkpoint), and with `open_now` let the workers in."""
     with _registry_lock:
         if model not in _services:
             _services[model] = ShardService(shards, values, optimizer_cls, optimizer_defaults, policy, num_workers)
+        service = _services[model]
+    step = service.load_state_dict(state, finished) if state is not None else service.coordinator.global_step
+    if open_now:
+        _rpc_open(model)
+    return step
+
+
+def _rpc_open(model: str) -> int:
+    """The chief has initialized (or restored) the model here: workers waiting for it may start."""
+    with _registry_lock:
+        service = _get(model)
+        _opened.add(model)
         waiting = _ready.pop(model, [])
-        step = _services[model].coordinator.global_step
+        step = service.coordinator.global_step
     for f in waiting:
         f.set_result(step)
     return step
@@ -313,10 +334,10 @@ def _rpc_create(model: str, shards, values, optimizer_cls, optimizer_defaults, p
 
 @_transport.deferred
 def _rpc_wait_ready(model: str) -> torch.futures.Future:
-    """Completes when the chief has created the model here (what non-chief workers wait on)."""
+    """Completes when the chief has created and initialized the model here (what the other workers wait on)."""
     future: torch.futures.Future = torch.futures.Future()
     with _registry_lock:
-        if model in _services:
+        if model in _opened:
             step = _services[model].coordinator.global_step
         else:
             _ready[model].append(future)
@@ -325,18 +346,23 @@ def _rpc_wait_ready(model: str) -> torch.futures.Future:
     return future
 
 
-@_transport.deferred
-def _rpc_rejoin(model: str, worker: int) -> torch.futures.Future:
-    """A restarted worker comes back: a future of (global step, pushes this ps has from that worker),
-    so it goes on from the ps's step and its clock counts its earlier incarnations' pushes."""
-
-    def answer(_f) -> Tuple[int, int]:
-        service = _get(model)
-        with service._lock:
+def _clock_of(model: str, worker: int, restarted: bool) -> Tuple[int, int]:
+    service = _get(model)
+    with service._lock:
+        if restarted:
             service._check_rejoin(worker)
-            return service.coordinator.global_step, service.coordinator.pushes_by_worker[worker]
+        return service.coordinator.global_step, service.coordinator.pushes_by_worker[worker]
 
-    return _rpc_wait_ready(model).then(answer)
+
+@_transport.deferred
+def _rpc_rejoin(model: str, worker: int, restarted: bool = True, wait_open: bool = True) -> torch.futures.Future:
+    """A worker goes on after a loss (its own restart, or a ps restored from a checkpoint): a future
+    of (global step, pushes this ps has from that worker), so its clock agrees with the ps's."""
+    if not wait_open:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(_clock_of(model, worker, restarted))
+        return future
+    return _rpc_wait_ready(model).then(lambda _f: _clock_of(model, worker, restarted))
 
 
 @_transport.deferred
@@ -372,8 +398,8 @@ def _rpc_state(model: str) -> dict:
     return _get(model).state_dict()
 
 
-def _rpc_load_state(model: str, state: dict) -> int:
-    return _get(model).load_state_dict(state)
+def _rpc_load_state(model: str, state: dict, finished: Sequence[int] = ()) -> int:
+    return _get(model).load_state_dict(state, finished)
 
 
 def _rpc_values(model: str) -> Dict[str, torch.Tensor]:

@@ -156,6 +156,13 @@ class CheckpointManager:
             log.warning("skipping checkpoint %s (step %d): %s; trying the previous one", info.path, info.step, problem)
         return None
 
+    def load(self, checkpoint: Optional[CheckpointInfo] = None) -> Optional[tuple]:
+        """(info, payload) of the newest usable checkpoint (or `checkpoint`), loaded on the CPU; None when there is none."""
+        info = checkpoint or self.latest()
+        if info is None:
+            return None
+        return info, torch.load(info.path, map_location="cpu", weights_only=False)
+
     def restore(self, model: torch.nn.Module, optimizer: Any = None, checkpoint: Optional[CheckpointInfo] = None,
                 restore_rng: bool = True) -> Optional[RestoredState]:
         """Load the newest usable checkpoint into `model` (and `optimizer`); None when there is none."""
@@ -164,7 +171,7 @@ class CheckpointManager:
             return None
         module = _module(model)
         self._check_fits(info, module)
-        payload = torch.load(info.path, map_location="cpu", weights_only=False)
+        payload = self.load(info)[1]
         module.load_state_dict(payload["model"])
         if optimizer is not None and payload.get("optimizer") is not None:
             optimizer.load_state_dict(payload["optimizer"])

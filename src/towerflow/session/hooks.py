@@ -130,6 +130,11 @@ class CheckpointHook(SessionHook):
         self._last_time = 0.0
 
     def after_create_session(self, session) -> None:
+        # As TF's CheckpointSaverHook: a checkpoint of the starting state, so that there is always
+        # one to go back to (a lost ps is restored from it).
+        newest = session.checkpoints.latest() if session.checkpoints is not None else None
+        if newest is None or newest.step != session.global_step:
+            session.save_checkpoint()
         self._last_step, self._last_time = session.global_step, time.monotonic()
 
     def after_step(self, session, loss) -> None:

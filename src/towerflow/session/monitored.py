@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
@@ -111,14 +112,40 @@ class MonitoredTrainingSession:
         for hook in self.hooks:
             hook.begin(self)
         if self.checkpoints is not None:
-            self.restored = self.checkpoints.restore(self.model, self.optimizer)
-            if self.restored is not None:
-                self.global_step = self.restored.step
-                if self.metrics is not None:
-                    self.metrics.write(self.global_step, event=f"restored {os.path.basename(self.restored.path)}")
+            self._restore()
+            if self.is_chief and hasattr(self.strategy, "restore_ps_from"):
+                self.strategy.restore_ps_from(self._newest_shared_state)
         for hook in self.hooks:
             hook.after_create_session(self)
         return self
+
+    def _restore(self) -> None:
+        """Restore the newest checkpoint, unless the running state is newer: a restarted chief whose
+        ps tasks kept training finds them ahead of any checkpoint. With shared variables (a ps
+        strategy) only the chief restores them; the others pull what it restored."""
+        if getattr(self.strategy, "shared_variables", False) and not self.is_chief:
+            return
+        latest = self.checkpoints.latest()
+        if latest is None:
+            return
+        if self.global_step > 0 and latest.step <= self.global_step:
+            _say(f"{self.task}: kept the running state at global step {self.global_step}; the newest checkpoint "
+                 f"({os.path.basename(latest.path)}, step {latest.step}) is older")
+            return
+        self.restored = self.checkpoints.restore(self.model, self.optimizer, latest)
+        self.global_step = self.restored.step
+        if self.metrics is not None:
+            self.metrics.write(self.global_step, event=f"restored {os.path.basename(self.restored.path)}")
+
+    def _newest_shared_state(self):
+        """(step, path, optimizer state) of the newest checkpoint: what a lost ps is restored from."""
+        found = self.checkpoints.load()
+        if found is None:
+            return None
+        info, payload = found
+        if self.metrics is not None:
+            self.metrics.write(info.step, event=f"restored the ps tasks from {os.path.basename(info.path)}")
+        return info.step, info.path, payload.get("optimizer")
 
     def run(self, step_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One training step: hooks before, `step_fn(*args, **kwargs)`, hooks after with its loss."""
@@ -165,6 +192,10 @@ class MonitoredTrainingSession:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+
+
+def _say(text: str) -> None:
+    print(f"towerflow: {text}", file=sys.stderr, flush=True)
 
 
 def _local_device_name() -> str:

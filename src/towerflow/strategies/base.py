@@ -36,6 +36,9 @@ class Strategy:
     """Base class: one replica's view of a synchronous training job."""
 
     name = "strategy"
+    # True when all replicas train one shared copy of the variables held elsewhere (the ps tasks):
+    # then the chief alone restores a checkpoint into it, and the others must not.
+    shared_variables = False
 
     def __init__(
         self,

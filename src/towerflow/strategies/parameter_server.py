@@ -61,6 +61,14 @@ def _share_cpus(cluster) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(local)))
 
 
+class _PSLost(Exception):
+    """A call to a ps task failed because that task is gone (caught by `_guarded`, which recovers)."""
+
+    def __init__(self, task: int, name: str, error: BaseException):
+        super().__init__(f"/job:ps/task:{task} (RPC member {name}) is gone: {error}")
+        self.task, self.name, self.error = task, name, error
+
+
 class _Channel:
     """This worker's link to one ps task: which parameter pieces go there, reused push buffers, its ticket."""
 
@@ -128,6 +136,7 @@ class ParameterServerStrategy(Strategy):
     """Variables and optimizer on the ps tasks; workers pull, compute gradients on their device, push."""
 
     name = "parameter_server"
+    shared_variables = True
 
     def __init__(
         self,
@@ -199,6 +208,12 @@ class ParameterServerStrategy(Strategy):
         self._outcomes: Dict[str, int] = collections.Counter()
         self._started: Optional[float] = None
         self._pull_wait_s = 0.0
+        # recovery
+        self._opened = False  # chief: the ps tasks let the other workers start once it has initialized them
+        self._optimizer_spec: Optional[tuple] = None  # (class, settings): what a restarted ps is rebuilt with
+        self._params: Dict[str, torch.nn.Parameter] = {}
+        self._restore_source: Optional[Callable[[], Any]] = None
+        self.recoveries: List[dict] = []  # one entry per lost ps this worker went on after
 
     # ---- model and optimizer
     def setup(self, model, optimizer=None, lr_schedule: Optional[Callable[[int], float]] = None,
@@ -221,29 +236,34 @@ class ParameterServerStrategy(Strategy):
         self.layout = plan_layout(params, self.num_ps, self.placement, self.partition)
         self._channels = [_Channel(t, self.layout, params, self.device, self.server.rpc_name_of("ps", t))
                           for t in range(self.num_ps) if self.layout.on_task(t)]
+        self._optimizer_spec, self._params = (type(optimizer), settings), params
         rejoined = None
-        if self.is_chief and self.server.incarnation == 0:
-            futures = [
-                _transport.call_async(ch.to, _service._rpc_create, args=(
-                    self.model_name, ch.shards, self.layout.pack(ch.task, params), type(optimizer), settings,
-                    self.policy, self.num_replicas_in_sync))
-                for ch in self._channels
-            ]
-        elif self.server.incarnation > 0:  # restarted: go on from the ps's step, with the clock its pushes set
-            futures = [_transport.call_async(ch.to, _service._rpc_rejoin, args=(self.model_name, self.replica_id))
-                       for ch in self._channels]
-            rejoined = [f.wait() for f in futures]
+        if self.is_chief:  # create the shards (a restarted chief finds them there and keeps them)
+            for ch, f in [(ch, self._create(ch)) for ch in self._channels]:
+                self._wait(ch, f)
+        if self.server.incarnation > 0:  # restarted: go on from the ps's step, with the clock its pushes set
+            rejoined = self._on_all(_service._rpc_rejoin, self.replica_id, True, not self.is_chief)
             self._pushes = max((p for _, p in rejoined), default=0)
-        else:
-            futures = [_transport.call_async(ch.to, _service._rpc_wait_ready, args=(self.model_name,)) for ch in self._channels]
-        for f in futures:
-            f.wait()
+        elif not self.is_chief:  # wait until the chief has initialized (or restored) the shards
+            self._on_all(_service._rpc_wait_ready)
         self._install(self._pull(clock=self._pushes))
         if rejoined is not None:
             self._say_rejoined()
         self._started = time.perf_counter()
         wrapped = _PSOptimizer(optimizer, self, list(params.values()), lr_schedule, clip_grad_norm)
         return model, wrapped
+
+    def _create(self, ch: "_Channel", state: Optional[dict] = None, finished=(), open_now: bool = False):
+        cls, settings = self._optimizer_spec
+        return _transport.call_async(ch.to, _service._rpc_create, args=(
+            self.model_name, ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy,
+            self.num_replicas_in_sync, state, tuple(finished), open_now))
+
+    def restore_ps_from(self, source: Callable[[], Any]) -> None:
+        """Where the chief finds the ps tasks' state when a ps is lost: `source()` returns
+        (step, path, state) of the newest checkpoint, state as `optimizer.state_dict()` saved it,
+        or None. MonitoredTrainingSession with a logdir sets this."""
+        self._restore_source = source
 
     def _say_rejoined(self) -> None:
         """Log the recovery: where the restarted worker goes on, what was lost, how long it was down."""
@@ -265,18 +285,38 @@ class ParameterServerStrategy(Strategy):
         self._batch_is_empty = len(batch.indices) == 0
 
     # ---- the wire
+    def _call(self, ch: "_Channel", fn: Callable, *args: Any):
+        """fn(model, *args) on the channel's ps task; a gone ps raises _PSLost."""
+        try:
+            return _transport.call_async(ch.to, fn, args=(self.model_name, *args))
+        except RuntimeError as e:
+            if _transport.is_peer_lost(e):
+                raise _PSLost(ch.task, ch.to, e) from e
+            raise
+
+    @staticmethod
+    def _wait(ch: "_Channel", future) -> Any:
+        try:
+            return future.wait()
+        except RuntimeError as e:
+            if _transport.is_peer_lost(e):
+                raise _PSLost(ch.task, ch.to, e) from e
+            raise
+
+    def _on_all(self, fn: Callable, *args: Any) -> List[Any]:
+        """fn(model, *args) on every ps task at once; their results in channel order."""
+        calls = [(ch, self._call(ch, fn, *args)) for ch in self._channels]
+        return [self._wait(ch, f) for ch, f in calls]
+
     def _pull(self, clock: int, after_step: Optional[Dict[int, int]] = None) -> List[Any]:
-        return [
-            _transport.call_async(ch.to, _service._rpc_pull, args=(
-                self.model_name, self.replica_id, clock, (after_step or {}).get(ch.task, 0)))
-            for ch in self._channels
-        ]
+        return [self._call(ch, _service._rpc_pull, self.replica_id, clock, (after_step or {}).get(ch.task, 0))
+                for ch in self._channels]
 
     def _install(self, futures: List[Any]) -> None:
         """Wait for pulls (or push-pulls) and copy their values into the model."""
         t0 = time.perf_counter()
         for ch, f in zip(self._channels, futures):
-            result = f.wait()
+            result = self._wait(ch, f)
             if len(result) == 3:  # a push-pull: (outcome, ticket, values)
                 kind, staleness, _ = result[0]
                 self._outcomes[kind] += 1
@@ -291,14 +331,14 @@ class ParameterServerStrategy(Strategy):
 
     def _push_and_pull(self, lr: Optional[float]) -> None:
         """One push-pull call per ps task, all in flight at once; with prefetch, install the previous one's values."""
+        self._open()
         k = self._pushes % 2  # push buffer set k was last used two steps ago, and that call has been waited for
         self._pushes += 1
         clock = self._pushes + (1 if self.prefetch else 0)  # the step the returned values will compute
         calls = []
         for ch in self._channels:
             after = ch.ticket.step + 1 if self.mode == "sync" else 0  # sync: come back after the aggregated update
-            calls.append(_transport.call_async(ch.to, _service._rpc_push_pull, args=(
-                self.model_name, self.replica_id, ch.ticket, ch.gather(k), lr, clock, after)))
+            calls.append(self._call(ch, _service._rpc_push_pull, self.replica_id, ch.ticket, ch.gather(k), lr, clock, after))
             self._bytes_pushed[ch.task] += ch.nbytes
         if not self.prefetch:
             self._install(calls)
@@ -307,6 +347,78 @@ class ParameterServerStrategy(Strategy):
         else:
             previous, self._pending = self._pending, calls
             self._install(previous)
+
+    def _open(self) -> None:
+        """Chief, first step (or finish): the shards are initialized or restored; let the other workers start."""
+        if self._opened or not self.is_chief:
+            return
+        self._on_all(_service._rpc_open)
+        self._opened = True
+
+    # ---- losing a ps
+    def _guarded(self, op: Callable[[], Any], retry: bool = True) -> Any:
+        """Run a wire operation; when a ps is lost, recover (see `_recover`) and run it again
+        (`retry`), or return None (a training step: its gradient is lost with the ps)."""
+        while True:
+            try:
+                return op()
+            except _PSLost as lost:
+                self._recover(lost)
+                if not retry:
+                    return None
+
+    def _recover(self, lost: _PSLost) -> None:
+        """A ps task is gone: wait for the launcher to restart it, then the chief puts every ps
+        task back to the newest checkpoint while the others wait for that, and all go on from it."""
+        seen = time.monotonic()
+        before = self.global_step
+        say = lambda text: print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
+        say(f"lost /job:ps/task:{lost.task} at global step {before} ({lost.error}); waiting for its restart")
+        self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
+        for ch in self._channels:
+            ch.to = self.server.rpc_name_of("ps", ch.task)
+        self._pending = None  # fetched-ahead values from before the loss are gone
+        source = None
+        if self.is_chief:
+            source = self._restore_ps()
+        clocks = self._on_all(_service._rpc_rejoin, self.replica_id, False, True)
+        self._pushes = max((p for _, p in clocks), default=0)
+        self._install(self._pull(self._pushes))
+        took = time.monotonic() - seen
+        record = {"ps_task": lost.task, "lost_at_step": before, "resumed_at_step": self.global_step,
+                  "steps_lost": max(0, before - self.global_step), "seconds": round(took, 2)}
+        if source is not None:
+            record["checkpoint"] = source
+        self.recoveries.append(record)
+        what = f"restored every ps task from {os.path.basename(source)}" if source else "the chief restored the ps tasks"
+        say(f"/job:ps/task:{lost.task} is back ({self._channels[0].to if self._channels else '?'}); {what}; going on at "
+            f"global step {self.global_step}; lost: {record['steps_lost']} global steps since that checkpoint and the "
+            f"gradient in flight; {took:.2f} s from seeing the loss to training again")
+
+    def _restore_ps(self) -> str:
+        """Chief: put every ps task back to the newest checkpoint (a restarted one comes back empty)."""
+        found = self._restore_source() if self._restore_source is not None else None
+        if found is None:
+            raise ParameterServerError(
+                "a ps task was restarted and came back empty, and there is no checkpoint to restore it from: train "
+                "under towerflow.MonitoredTrainingSession(..., logdir=DIR) (the chief checkpoints the ps state there), "
+                "or restart the whole job"
+            )
+        step, path, state = found
+        parts = (state or {}).get("ps") or {}
+        finished = [w for w in range(self.num_replicas_in_sync)
+                    if self.server.lookup(f"ps/{self.model_name}/finished/{w}") is not None]
+        calls = []
+        for ch in self._channels:
+            part = parts.get(ch.task, parts.get(str(ch.task)))
+            if part is None:
+                raise ParameterServerError(f"checkpoint {path} has no state for /job:ps/task:{ch.task}; it was saved "
+                                           "with another number of ps tasks or layout")
+            calls.append((ch, self._create(ch, part, finished, open_now=True)))
+        for ch, f in calls:
+            self._wait(ch, f)
+        self._opened = True
+        return path
 
     # ---- measurement
     def metrics(self) -> dict:
@@ -330,15 +442,14 @@ class ParameterServerStrategy(Strategy):
 
     def ps_metrics(self) -> Dict[str, dict]:
         """Each ps task's counters (global step, updates, dropped stale gradients, staleness, bytes per worker)."""
-        futures = [(ch.task, _transport.call_async(ch.to, _service._rpc_metrics, args=(self.model_name,))) for ch in self._channels]
-        return {f"/job:ps/task:{t}": f.wait() for t, f in futures}
+        results = self._guarded(lambda: self._on_all(_service._rpc_metrics))
+        return {f"/job:ps/task:{ch.task}": r for ch, r in zip(self._channels, results)}
 
     def variables(self) -> Dict[str, torch.Tensor]:
         """The current values on the ps tasks, reassembled per variable (for checks and checkpoints)."""
-        futures = [_transport.call_async(ch.to, _service._rpc_values, args=(self.model_name,)) for ch in self._channels]
         by_shard: Dict[str, torch.Tensor] = {}
-        for f in futures:
-            by_shard.update(f.wait())
+        for part in self._guarded(lambda: self._on_all(_service._rpc_values)):
+            by_shard.update(part)
         return {v: self.layout.assemble(v, [by_shard[s.name] for s in self.layout.shards_of(v)]) for v in self.layout.variables}
 
     # ---- collectives: none between workers; each worker reports its own view
@@ -352,23 +463,26 @@ class ParameterServerStrategy(Strategy):
             self._finished = True
             return
         self._finished = True
+        self._guarded(self._finish)
+        self.server.publish(f"ps/{self.model_name}/finished/{self.replica_id}", "1")  # a restored ps learns it
+
+    def _finish(self) -> None:
+        self._open()
         # Finish first: a prefetched pull may wait on peers (ssp) that in turn wait on this worker.
-        done = [_transport.call_async(ch.to, _service._rpc_finish, args=(self.model_name, self.replica_id, self._pushes))
-                for ch in self._channels]
+        done = [(ch, self._call(ch, _service._rpc_finish, self.replica_id, self._pushes)) for ch in self._channels]
         if self._pending is not None:
-            self._install(self._pending)  # its pushes count, and the model ends with the latest values
-            self._pending = None
-        for f in done:
-            f.wait()
+            pending, self._pending = self._pending, None
+            self._install(pending)  # its pushes count, and the model ends with the latest values
+        for ch, f in done:
+            self._wait(ch, f)
 
     def wait_for_workers(self, refresh: bool = True) -> int:
         """finish(), wait until every worker has finished, and (`refresh`) pull the final values into
         the model, for the chief's evaluation and checkpoint; returns the final global step."""
         self.finish()
-        futures = [_transport.call_async(ch.to, _service._rpc_wait_finished, args=(self.model_name,)) for ch in self._channels]
-        steps = [f.wait() for f in futures]
+        steps = self._guarded(lambda: self._on_all(_service._rpc_wait_finished))
         if refresh and self._channels:
-            self._install(self._pull(self._pushes))
+            self._guarded(lambda: self._install(self._pull(self._pushes)))
         self.global_step = steps[0] if steps else self.global_step
         return self.global_step
 
@@ -409,8 +523,8 @@ class _PSOptimizer:
     def state_dict(self) -> dict:
         """The ps tasks' state (values, optimizer state, global step), for a checkpoint."""
         st = self.strategy
-        futures = [(ch.task, _transport.call_async(ch.to, _service._rpc_state, args=(st.model_name,))) for ch in st._channels]
-        return {"global_step": st.global_step, "ps": {t: f.wait() for t, f in futures}}
+        parts = st._guarded(lambda: st._on_all(_service._rpc_state))
+        return {"global_step": st.global_step, "ps": {ch.task: part for ch, part in zip(st._channels, parts)}}
 
     def load_state_dict(self, state: dict) -> None:
         """Put a checkpoint back on the ps tasks and pull it into the model; call before training resumes."""
@@ -419,11 +533,14 @@ class _PSOptimizer:
         missing = [ch.task for ch in st._channels if ch.task not in parts and str(ch.task) not in parts]
         if missing:
             raise ParameterServerError(f"the checkpoint has no state for ps tasks {missing}; it was saved with another layout")
-        futures = [_transport.call_async(ch.to, _service._rpc_load_state, args=(
-            st.model_name, parts.get(ch.task, parts.get(str(ch.task))))) for ch in st._channels]
-        for f in futures:
-            f.wait()
-        st._install(st._pull(st._pushes))
+        def load() -> None:
+            calls = [(ch, st._call(ch, _service._rpc_load_state, parts.get(ch.task, parts.get(str(ch.task)))))
+                     for ch in st._channels]
+            for ch, f in calls:
+                st._wait(ch, f)
+            st._install(st._pull(st._pushes))
+
+        st._guarded(load)
 
     def step(self, closure=None) -> None:
         if closure is not None:
@@ -432,7 +549,7 @@ class _PSOptimizer:
             self.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(
                 [p for p in self.params if p.grad is not None], self.clip_grad_norm))
         lr = float(self.lr_schedule(self.strategy.global_step)) if self.lr_schedule is not None else None
-        self.strategy._push_and_pull(lr)
+        self.strategy._guarded(lambda: self.strategy._push_and_pull(lr), retry=False)  # a lost ps loses this gradient
 
     def __repr__(self) -> str:
         return f"_PSOptimizer({type(self.optimizer).__name__} on the ps, global_step={self.strategy.global_step})"
