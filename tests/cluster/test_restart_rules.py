@@ -62,12 +62,16 @@ def test_each_incarnation_has_its_own_rpc_name_and_rank(monkeypatch):
 def test_a_silent_task_that_may_restart_gets_the_join_timeout_on_top(monkeypatch):
     s = _server(monkeypatch, max_restarts=1)
     task = [t for t in s.cluster.tasks() if t.task == 0]
-    s._check_heartbeats(task, {"/job:worker/task:0": (0, time.monotonic() - 20)})  # 20 s < 15 + 60: waits on
+    silent = lambda seconds, incarnation=0: {"/job:worker/task:0": ((0, incarnation), time.monotonic() - seconds)}  # noqa: E731
+    s._check_heartbeats(task, silent(20))  # 20 s < 15 + 60: waits on
     with pytest.raises(ClusterError, match=r"no heartbeat for 80 s \(it may be restarted: 0 of 1 restarts used"):
-        s._check_heartbeats(task, {"/job:worker/task:0": (0, time.monotonic() - 80)})
-    s._store.set("incarnation/worker/0", "1")  # its one restart is used up: the plain timeout
-    with pytest.raises(ClusterError, match="no heartbeat for 15 s and it never finished"):
-        s._check_heartbeats(task, {"/job:worker/task:0": (0, time.monotonic() - 20)})
+        s._check_heartbeats(task, silent(80))
+    s._store.set("incarnation/worker/0", "1")
+    seen = silent(20)
+    s._check_heartbeats(task, seen)  # a new incarnation counts as a sign of life, before its first beat
+    assert seen["/job:worker/task:0"][0] == (0, 1) and time.monotonic() - seen["/job:worker/task:0"][1] < 1
+    with pytest.raises(ClusterError, match="no heartbeat for 15 s and it never finished"):  # its one restart is used up
+        s._check_heartbeats(task, silent(20, incarnation=1))
 
 
 def test_a_restarted_task_takes_over_a_dead_holders_slot_but_not_a_live_ones(monkeypatch):

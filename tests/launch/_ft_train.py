@@ -1,7 +1,8 @@
 """Linear regression on a ps that a test kills a worker of mid-training: python _ft_train.py DIR STEPS
 
-Every worker trains until the global step (on the ps) reaches STEPS, sleeping a little per
-step so that a kill lands mid-training; after its first 20 steps each incarnation writes
+The ps mode comes from the launcher (--mode, default async). Every worker trains until the
+global step (on the ps) reaches STEPS, sleeping a little per step so that a kill lands
+mid-training; after its first 20 steps each incarnation writes "PID GLOBAL_STEP" to
 DIR/<job>:<index>.<restart>.pid. So that the restarted worker really continues however long
 its restart takes, the chief also goes on until the ps has seen worker 1 rejoin and 200 more
 steps have passed, and a restarted worker trains at least 50 steps. The chief prints the fit.
@@ -33,7 +34,7 @@ class Line(nn.Module):
         return x * self.w + self.b
 
 
-strategy = towerflow.ParameterServerStrategy(mode="async", server=server)
+strategy = towerflow.ParameterServerStrategy(server=server)
 x = torch.linspace(-1, 1, 101)
 y = 2 * x + torch.randn(x.shape, generator=torch.Generator().manual_seed(4)) * 0.4 + 0.2
 model = Line()
@@ -62,7 +63,7 @@ while strategy.global_step < steps or chief_waits() or (server.incarnation > 0 a
     if local == 20:
         name = f"{server.job_name}:{server.task_index}.{server.incarnation}"
         with open(os.path.join(folder, name + ".pid.tmp"), "w") as f:
-            f.write(str(os.getpid()))
+            f.write(f"{os.getpid()} {strategy.global_step}")
         os.replace(os.path.join(folder, name + ".pid.tmp"), os.path.join(folder, name + ".pid"))
     time.sleep(0.005)
 print(f"worker {strategy.replica_id} (restart {server.incarnation}): {local} steps, global step {strategy.global_step}", flush=True)

@@ -25,7 +25,7 @@ def test_a_killed_worker_is_restarted_and_rejoins_async_training(launcher, tmp_p
     pid_file = tmp_path / "worker:1.0.pid"  # written by worker 1 after its first 20 steps
     wait_until(lambda: pid_file.exists() or run.popen.poll() is not None, 45, "worker 1 to start training")
     assert pid_file.exists(), run.describe()
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
     killed = time.monotonic()
     wait_until(lambda: "rejoined training" in run.err or run.popen.poll() is not None, 40, "worker 1 to rejoin")
     recovery_s = time.monotonic() - killed

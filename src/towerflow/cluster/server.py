@@ -236,6 +236,7 @@ class Server:
             else:
                 dead = [rpc_name(self.job_name, self.task_index, k) for k in range(self.incarnation)]
                 self.replaced = _transport.start_rpc_replacing(self._store, me, self._rank(), self.rpc_timeout, dead)
+            self._store.add(self._key("beat"), 1)  # a first beat before the new incarnation shows (see _check_heartbeats)
             self._store.set(self._key("incarnation"), str(self.incarnation))
             self._store.set(self._key("up"), "1")
             self._start_heartbeat()
@@ -299,6 +300,10 @@ class Server:
             key = self._key("incarnation", job, index)
             incarnation = int(self._store.get(key).decode()) if self._store.check([key]) else 0
             if incarnation >= self.max_restarts:
+                failed = self._key("failed", job, index)
+                if self._store.check([failed]):  # it stopped on an error of its own: that is the news
+                    reason = [line for line in self._store.get(failed).decode().splitlines() if line.strip()]
+                    raise ClusterError(f"{self.name} lost {name}, which failed: {reason[-1] if reason else '?'}", task=name)
                 raise ClusterError(
                     f"{self.name} lost {name} ({cause}), and it will not be restarted ({incarnation} of "
                     f"{self.max_restarts} restarts used). Launch with --max-restarts N: the launcher then restarts a "
@@ -533,13 +538,26 @@ class Server:
                         missing=[_task_name(t.job, t.task) for t in missing],
                     )
                 time.sleep(2 * _POLL)
-        except ClusterError:
+        except ClusterError as e:
+            try:  # say why before leaving: the others see this task gone and look here for the reason
+                self._store.set(self._key("failed"), str(e)[-4000:])
+            except Exception:
+                pass
             self._close(graceful=False)
             raise
         except Exception as e:  # the store went away: the coordinator is gone
             self._close(graceful=False)
             raise ClusterError(f"{self.name} lost the cluster's coordinator while waiting for the others: {e}") from None
         self._close(graceful=True)
+
+    def check_peers(self, seen: Dict[str, tuple]) -> None:
+        """Raise ClusterError when another task that has not finished has stopped beating for longer
+        than it could take to come back (see `join`). Call it repeatedly with the same `seen` dict
+        while waiting on other tasks, so that a dead one ends the wait instead of hanging it."""
+        me = (self.job_name, self.task_index)
+        running = [t for t in self.cluster.tasks()
+                   if (t.job, t.task) != me and not self._store.check([self._key("done", t.job, t.task)])]
+        self._check_heartbeats(running, seen)
 
     def _start_heartbeat(self) -> None:
         store, key = self._store, self._key("beat")
@@ -564,15 +582,15 @@ class Server:
         for t in running:
             name = _task_name(t.job, t.task)
             count = self._store.add(self._key("beat", t.job, t.task), 0)
+            key = self._key("incarnation", t.job, t.task)
+            incarnation = int(self._store.get(key).decode()) if self._store.check([key]) else 0
             last = seen.get(name)
-            if last is None or last[0] != count:
-                seen[name] = (count, now)
+            if last is None or last[0] != (count, incarnation):  # a beat, or a restarted incarnation: alive again
+                seen[name] = ((count, incarnation), now)
                 continue
             silent = now - last[1]
             if silent <= self.heartbeat_timeout:
                 continue
-            key = self._key("incarnation", t.job, t.task)
-            incarnation = int(self._store.get(key).decode()) if self._store.check([key]) else 0
             may_restart = incarnation < self.max_restarts
             if may_restart and silent <= self.heartbeat_timeout + self.join_timeout:
                 continue

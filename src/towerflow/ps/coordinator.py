@@ -86,6 +86,7 @@ class Coordinator:
         self.pushes_by_worker: Dict[int, int] = collections.Counter()
         self.staleness: Dict[int, int] = collections.Counter()  # staleness -> applied gradients
         self.max_staleness = 0
+        self._repeating: set = set()  # sync: restarted workers whose gradient of this step is already held
         self.restores = 0  # times the state was put back from a checkpoint
         self.dropped_after_restore = 0  # pushes computed on values from after the checkpoint that was restored
 
@@ -120,6 +121,9 @@ class Coordinator:
         if self.restores and ticket.step > self.global_step:  # read before the restore: those values are gone
             self.dropped_after_restore += 1
             action = Drop(ticket.step, 0)
+        elif worker in self._repeating and worker in self.held:  # its earlier incarnation's gradient already counts
+            self._repeating.discard(worker)
+            action = Drop(ticket.step, 0)
         else:
             action = self.policy.on_push(self, worker, ticket)
         if isinstance(action, Drop):
@@ -145,6 +149,18 @@ class Coordinator:
         self._release()
         return action
 
+    def rejoin(self, worker: int) -> None:
+        """A restarted worker is back. In sync mode its killed incarnation may have pushed this step's
+        gradient already (it is held): the new incarnation's push for the same step is then dropped."""
+        self._check_worker(worker)
+        if worker not in self.active:
+            raise ParameterServerError(
+                f"worker {worker} was restarted after it had finished; a finished worker has nothing to rejoin. "
+                "Restart only tasks that died mid-training."
+            )
+        if worker in self.held:
+            self._repeating.add(worker)
+
     def restore(self, global_step: int, clocks: Dict[int, int], finished=()) -> None:
         """Go back to a checkpoint: its step and clocks; held gradients are discarded and every
         waiting pull goes (with the restored values), since what it waited for no longer comes."""
@@ -152,6 +168,7 @@ class Coordinator:
         for w in range(self.num_workers):
             self.clocks[w] = self.pushes_by_worker[w] = int(clocks.get(w, 0))
         self.held = []
+        self._repeating.clear()
         self.active = [w for w in range(self.num_workers) if w not in set(finished)]
         self.restores += 1
         self._released += [Go(r, self.policy.ticket(self, r)) for r in self.waiting]
@@ -169,6 +186,7 @@ class Coordinator:
         self.staleness[action.staleness] += len(action.workers)
         self.max_staleness = max(self.max_staleness, action.staleness)
         self.held = []
+        self._repeating.clear()
         self.global_step += 1
 
     def _release(self) -> None:

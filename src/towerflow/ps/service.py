@@ -225,12 +225,7 @@ class ShardService:
             future.set_result(result)
 
     def _check_rejoin(self, worker: int) -> None:
-        self.coordinator._check_worker(worker)
-        if worker not in self.coordinator.active:
-            raise ParameterServerError(
-                f"worker {worker} was restarted after it had finished; a finished worker has nothing to rejoin. "
-                "Restart only tasks that died mid-training."
-            )
+        self.coordinator.rejoin(worker)
         self.rejoins[worker] += 1
 
     # ---- checkpoints

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -237,21 +238,27 @@ class ParameterServerStrategy(Strategy):
         self._channels = [_Channel(t, self.layout, params, self.device, self.server.rpc_name_of("ps", t))
                           for t in range(self.num_ps) if self.layout.on_task(t)]
         self._optimizer_spec, self._params = (type(optimizer), settings), params
-        rejoined = None
-        if self.is_chief:  # create the shards (a restarted chief finds them there and keeps them)
-            for ch, f in [(ch, self._create(ch)) for ch in self._channels]:
-                self._wait(ch, f)
-        if self.server.incarnation > 0:  # restarted: go on from the ps's step, with the clock its pushes set
-            rejoined = self._on_all(_service._rpc_rejoin, self.replica_id, True, not self.is_chief)
-            self._pushes = max((p for _, p in rejoined), default=0)
-        elif not self.is_chief:  # wait until the chief has initialized (or restored) the shards
-            self._on_all(_service._rpc_wait_ready)
-        self._install(self._pull(clock=self._pushes))
+        rejoined = self._guarded(self._connect)
         if rejoined is not None:
             self._say_rejoined()
         self._started = time.perf_counter()
         wrapped = _PSOptimizer(optimizer, self, list(params.values()), lr_schedule, clip_grad_norm)
         return model, wrapped
+
+    def _connect(self) -> Optional[list]:
+        """setup's part on the wire: the chief creates the shards (a restarted chief finds them there
+        and keeps them); the others wait until the chief has initialized them, or, restarted, rejoin."""
+        rejoined = None
+        if self.is_chief:
+            for ch, f in [(ch, self._create(ch)) for ch in self._channels]:
+                self._wait(ch, f)
+        if self.server.incarnation > 0:  # restarted: go on from the ps's step, with the clock its pushes set
+            rejoined = self._on_all(_service._rpc_rejoin, self.replica_id, True, not self.is_chief)
+            self._pushes = max((p for _, p in rejoined), default=0)
+        elif not self.is_chief:
+            self._on_all(_service._rpc_wait_ready)
+        self._install(self._pull(clock=self._pushes))
+        return rejoined
 
     def _create(self, ch: "_Channel", state: Optional[dict] = None, finished=(), open_now: bool = False):
         cls, settings = self._optimizer_spec
@@ -294,14 +301,24 @@ class ParameterServerStrategy(Strategy):
                 raise _PSLost(ch.task, ch.to, e) from e
             raise
 
-    @staticmethod
-    def _wait(ch: "_Channel", future) -> Any:
+    def _wait(self, ch: "_Channel", future) -> Any:
+        if self.mode != "async" and not future.done():
+            self._watch_peers_until(future)
         try:
             return future.wait()
         except RuntimeError as e:
             if _transport.is_peer_lost(e):
                 raise _PSLost(ch.task, ch.to, e) from e
             raise
+
+    def _watch_peers_until(self, future) -> None:
+        """A sync or ssp pull waits for other workers; while it waits, watch their heartbeats, so that
+        one that died (and cannot be back in time) ends the wait with an error naming it, not a hang."""
+        ready = threading.Event()
+        future.add_done_callback(lambda _f: ready.set())
+        seen: Dict[str, tuple] = {}
+        while not ready.wait(1.0):
+            self.server.check_peers(seen)
 
     def _on_all(self, fn: Callable, *args: Any) -> List[Any]:
         """fn(model, *args) on every ps task at once; their results in channel order."""
