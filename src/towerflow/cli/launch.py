@@ -45,7 +45,7 @@ def register(sub) -> None:
     one.add_argument("--job_name", "--job-name", dest="job_name", default=_env("TOWERFLOW_JOB_NAME"), metavar="J", help="this task's job")
     one.add_argument("--task_index", "--task-index", dest="task_index", type=int, default=_int_env("TOWERFLOW_TASK_INDEX"), metavar="I", help="this task's index in its job")
     one.add_argument("--master_port", "--master-port", dest="master_port", type=int, default=None, metavar="PORT", help="port of the replicas' process group (default: first replica's port + 10000)")
-    p.add_argument("--max_restarts", "--max-restarts", dest="max_restarts", type=int, default=_int_env("TOWERFLOW_MAX_RESTARTS", 0), metavar="N", help="restart a failed task up to N times (default 0)")
+    p.add_argument("--max_restarts", "--max-restarts", dest="max_restarts", type=int, default=_int_env("TOWERFLOW_MAX_RESTARTS", 0), metavar="N", help="restart a failed task up to N times (default 0); without ps tasks (all-reduce) a failure restarts every task")
     p.add_argument("--logdir", default=_env("TOWERFLOW_LOGDIR"), metavar="DIR", help="handed to every task as TOWERFLOW_LOGDIR")
     ps = p.add_argument_group("parameter-server update mode (handed to every task)")
     ps.add_argument("--mode", choices=("async", "sync", "ssp"), default=None, help="how the ps tasks apply pushed gradients")
@@ -124,6 +124,6 @@ def run(args) -> int:
             print(f"towerflow launch: {e}", file=sys.stderr)
             return 2
     try:
-        return Supervisor(plan.tasks, max_restarts=args.max_restarts).run()
+        return Supervisor(plan.tasks, max_restarts=args.max_restarts, restart_scope=plan.restart_scope).run()
     finally:
         del store

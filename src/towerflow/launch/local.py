@@ -33,6 +33,7 @@ class LaunchPlan:
     tasks: List[TaskProcessSpec]
     store_address: Optional[str] = None  # the launcher hosts the rendezvous store here (local clusters)
     token: Optional[str] = None
+    restart_scope: str = "task"  # "group" for all-reduce replicas: one lost replica restarts them all
 
 
 def free_ports(n: int, host: str = LOOPBACK) -> List[int]:
@@ -118,7 +119,9 @@ def plan_local(
             logdir=logdir, device=device, token=token, store=store_address,
         )
         tasks.append(TaskProcessSpec(t.job, t.task, list(script_argv), env))
-    return LaunchPlan(cluster, tasks, store_address, token)
+    # all-reduce replicas (no ps) share one process group that a lost member breaks: restart all of them
+    scope = "task" if ps else "group"
+    return LaunchPlan(cluster, tasks, store_address, token, scope)
 
 
 def plan_one(

@@ -20,6 +20,9 @@ import time
 from typing import Deque, Dict, List, Optional, Sequence, TextIO
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+# "task": restart the task that died (parameter servers: the others go on without it);
+# "group": restart every task (all-reduce replicas cannot go on without one of theirs)
+RESTART_SCOPES = ("task", "group")
 _TAIL_LINES = 20
 
 try:
@@ -127,9 +130,13 @@ class Supervisor:
         max_restarts: int = 0,
         out: Optional[TextIO] = None,
         err: Optional[TextIO] = None,
+        restart_scope: str = "task",
     ):
+        if restart_scope not in RESTART_SCOPES:
+            raise ValueError(f"restart_scope={restart_scope!r}: expected one of {RESTART_SCOPES}")
         self.tasks = list(tasks)
         self.max_restarts = max_restarts
+        self.restart_scope = restart_scope
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.failure: Optional[TaskFailure] = None
@@ -173,10 +180,11 @@ class Supervisor:
                 r.finish_output()
                 if r.restarts < self.max_restarts:
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    env = {**r.spec.env, "TOWERFLOW_RESTART_COUNT": str(r.restarts + 1),
-                           "TOWERFLOW_RESTARTED_AT": repr(time.time())}
-                    spec = dataclasses.replace(r.spec, env=env)
-                    self._running[i] = _Running(spec, r.restarts + 1, self.out, self.err, self._lock, self.max_restarts)
+                    if self.restart_scope == "group":
+                        self._restart_all(r, how)
+                        pending = len(self._running)
+                        break
+                    self._running[i] = self._restart(r)
                     self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
                               f"{self.max_restarts}) as pid {self._running[i].proc.pid}")
                     pending += 1
@@ -195,6 +203,21 @@ class Supervisor:
                     r.finish_output()
                 return 0
             time.sleep(0.05)
+
+    def _restart(self, r: _Running, count: Optional[int] = None) -> _Running:
+        """Start task r again as its restart number `count` (default: its own next one)."""
+        count = r.restarts + 1 if count is None else count
+        env = {**r.spec.env, "TOWERFLOW_RESTART_COUNT": str(count), "TOWERFLOW_RESTARTED_AT": repr(time.time())}
+        return _Running(dataclasses.replace(r.spec, env=env), count, self.out, self.err, self._lock, self.max_restarts)
+
+    def _restart_all(self, failed: _Running, how: str) -> None:
+        """Stop every task and start them all again (each resumes from the newest checkpoint)."""
+        count = failed.restarts + 1
+        self._say(f"{failed.spec.name} (pid {failed.proc.pid}) {how}; restarting all {len(self._running)} tasks "
+                  f"({count} of {self.max_restarts}): all-reduce replicas cannot go on without it")
+        self.stop_all()
+        self._running = [self._restart(r, count) for r in self._running]
+        self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
 
     def stop_all(self) -> None:
         """SIGTERM every task's process group, SIGKILL what is left after STOP_GRACE_S; waits for all."""
