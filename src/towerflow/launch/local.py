@@ -120,7 +120,7 @@ def plan_local(
         )
         tasks.append(TaskProcessSpec(t.job, t.task, list(script_argv), env))
     # all-reduce replicas (no ps) share one process group that a lost member breaks: restart all of them
-    scope = "task" if ps else "group"
+    scope = "group" if not ps and len(tasks) > 1 else "task"
     return LaunchPlan(cluster, tasks, store_address, token, scope)
 
 
