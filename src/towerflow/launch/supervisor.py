@@ -150,9 +150,12 @@ class Supervisor:
 
     def run(self) -> int:
         """Exit code: 0 when every task exited 0; the failed task's code (or 128+signal); 130 on Ctrl-C."""
-        previous = signal.getsignal(signal.SIGTERM)
+        previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
+            # Ctrl-C stops the job even when the launch was started in the background of a
+            # script (which starts it with SIGINT ignored)
+            signal.signal(signal.SIGINT, _raise_interrupt)
         try:
             self._running = [_Running(t, 0, self.out, self.err, self._lock, self.max_restarts) for t in self.tasks]
             if self.max_restarts:  # restartable tasks: say which process is which (to watch them, or to test a kill)
@@ -165,44 +168,40 @@ class Supervisor:
         finally:
             self.stop_all()
             if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, previous)
+                signal.signal(signal.SIGTERM, previous[0])
+                signal.signal(signal.SIGINT, previous[1])
 
     def _watch(self) -> int:
         while True:
-            pending = 0
-            for i, r in enumerate(self._running):
-                code = r.proc.poll()
-                if code is None:
-                    pending += 1
-                    continue
-                if code == 0:
-                    continue
-                r.finish_output()
-                if r.restarts < self.max_restarts:
-                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    if self.restart_scope == "group":
-                        self._restart_all(r, how)
-                        pending = len(self._running)
-                        break
-                    self._running[i] = self._restart(r)
-                    self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
-                              f"{self.max_restarts}) as pid {self._running[i].proc.pid}")
-                    pending += 1
-                    continue
-                self.failure = TaskFailure(r.spec.name, r.proc.pid, socket.gethostname(), code, list(r.tail))
-                others = [o for o in self._running if o is not r and o.proc.poll() is None]
-                self.stop_all()
-                self._say(
-                    self.failure.describe() + f"\nStopped the other {len(others)} running task(s)."
-                    if others
-                    else self.failure.describe()
-                )
-                return code if 0 < code < 256 else 128 + (-code if code < 0 else 1)
-            if pending == 0:
+            codes = [r.proc.poll() for r in self._running]
+            if all(c == 0 for c in codes):
                 for r in self._running:
                     r.finish_output()
                 return 0
+            # A task killed by a signal usually caused the others' errors (a collective whose peer
+            # vanished): when several are seen at once, it is the one to report and act on.
+            failed = sorted((i for i, c in enumerate(codes) if c not in (None, 0)), key=lambda i: codes[i] >= 0)
+            for i in failed:
+                r, code = self._running[i], codes[i]
+                r.finish_output()
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                if r.restarts >= self.max_restarts:
+                    return self._fail(r, code)
+                if self.restart_scope == "group":
+                    self._restart_all(r, how)
+                    break
+                self._running[i] = self._restart(r)
+                self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
+                          f"{self.max_restarts}) as pid {self._running[i].proc.pid}")
             time.sleep(0.05)
+
+    def _fail(self, r: _Running, code: int) -> int:
+        """No restarts left: stop the others, say who failed first, and return the launch's exit code."""
+        self.failure = TaskFailure(r.spec.name, r.proc.pid, socket.gethostname(), code, list(r.tail))
+        others = [o for o in self._running if o is not r and o.proc.poll() is None]
+        self.stop_all()
+        self._say(self.failure.describe() + (f"\nStopped the other {len(others)} running task(s)." if others else ""))
+        return code if 0 < code < 256 else 128 + (-code if code < 0 else 1)
 
     def _restart(self, r: _Running, count: Optional[int] = None) -> _Running:
         """Start task r again as its restart number `count` (default: its own next one)."""
