@@ -7,7 +7,11 @@ Each part runs as its own local cluster (`towerflow launch --ps 1 --workers N` o
 script); inside the cluster, ps tasks serve and worker 0 measures and writes JSON.
 
 * wire: one push + one pull of S MB through the strategy (S = 4, 16, 64) against raw loopback
-  TCP in the same run (a socket echo of S MB each way to the ps task, reused buffers).
+  TCP in the same run (a socket echo of S MB each way to the ps task, reused buffers), with the
+  page faults and CPU seconds of both processes per step.
+* --env-variants plain,thp,...: run the wire and loops parts once per process environment
+  (`WIRE_ENVS`: PyTorch's huge-page allocation, glibc malloc knobs), interleaved, --launches
+  times over; each launch is its own cluster, so each variant's ratio to TCP is from its own run.
 * loops: async steps/s of ParameterServerStrategy (prefetch on) against a minimal hand-written
   pull -> gradient -> push loop over the same transport, for a ~85k and a ~17M parameter MLP.
 * scaling: total async steps/s with 1, 2 and 4 workers (small model).
@@ -33,6 +37,18 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
+
+_NO_TRIM = {"MALLOC_TRIM_THRESHOLD_": str(1 << 32), "MALLOC_TOP_PAD_": str(64 << 20)}  # keep freed memory mapped
+# Process environments the wire and loops parts compare (--env-variants); set for every task of the launch.
+WIRE_ENVS = {
+    "plain": {"THP_MEM_ALLOC_ENABLE": "0"},  # what towerflow launch gave every task before it set THP for ps clusters
+    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},  # PyTorch: CPU tensors >= 2 MB madvise(MADV_HUGEPAGE)
+    # glibc: big chunks from the heap, not mmap (the threshold is capped at 32 MB on 64-bit), freed memory kept
+    "mmap32": {"THP_MEM_ALLOC_ENABLE": "0", "MALLOC_MMAP_THRESHOLD_": str(32 << 20), **_NO_TRIM},
+    # glibc: one arena (TensorPipe's threads allocate in the main heap too) and no mmap at all, freed memory kept
+    "arena1": {"THP_MEM_ALLOC_ENABLE": "0", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", **_NO_TRIM},
+    "thp+arena1": {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", **_NO_TRIM},
+}
 
 
 # ---------------------------------------------------------------- models
@@ -90,6 +106,31 @@ def _start_echo() -> int:
     return _echo_port
 
 
+def _rusage():
+    """This process so far: CPU seconds (user + system, all threads), minor page faults, and the CPU
+    seconds of TensorPipe's shared-memory reactor threads (they busy-poll, so they burn CPU while idle)."""
+    import glob
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    spin = 0
+    for stat in glob.glob(f"/proc/{os.getpid()}/task/*/stat"):
+        try:
+            text = open(stat).read()
+        except OSError:  # the thread ended
+            continue
+        if text[text.index("(") + 1:text.rindex(")")] == "TP_SHM_reactor":
+            fields = text[text.rindex(")") + 2:].split()
+            spin += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return r.ru_utime + r.ru_stime, r.ru_minflt, spin / os.sysconf("SC_CLK_TCK")
+
+
+def _max_rss_kb() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _hand_init(values: torch.Tensor, lr: float) -> None:
     _hand["p"] = values.clone()
     _hand["lr"] = lr
@@ -116,7 +157,13 @@ def _by_name():
 def part_wire(strategy, out: dict) -> None:
     from towerflow.cluster import transport
 
-    port = transport.call_async("ps:0", _by_name()._start_echo).wait()
+    me = _by_name()
+    port = transport.call_async("ps:0", me._start_echo).wait()
+
+    def usage():  # worker + ps: CPU seconds, page faults, reactor CPU seconds
+        here, there = _rusage(), transport.call_async("ps:0", me._rusage).wait()
+        return tuple(a + b for a, b in zip(here, there))
+
     rows = []
     for mb in (4, 16, 64):
         numel = mb * (1 << 20) // 4
@@ -124,10 +171,11 @@ def part_wire(strategy, out: dict) -> None:
         s = type(strategy)(server=strategy.server, model_name=f"blob{mb}", mode="async")
         model, opt = s.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
         model.p.grad = torch.zeros(numel)
-        rounds = max(7, 100 // mb)
+        rounds = max(11, 160 // mb)
         buf = bytearray(numel * 4)  # raw TCP: send S bytes, get S bytes back, buffers allocated once
         view = memoryview(buf)
         ps_times, tcp_times = [], []
+        cost = {"ps": [0.0, 0, 0.0], "tcp": [0.0, 0, 0.0]}  # CPU s, page faults, reactor CPU s (both processes)
         with socket.create_connection(("127.0.0.1", port)) as c:
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -139,18 +187,30 @@ def part_wire(strategy, out: dict) -> None:
                     got += c.recv_into(view[got:])
 
             for i in range(rounds + 2):  # interleaved, the first two rounds are warm-up
+                u0 = usage()
                 t = time.perf_counter()
                 s._push_and_pull(None)
                 t1 = time.perf_counter()
-                echo()
+                u1 = usage()
                 t2 = time.perf_counter()
+                echo()
+                t3 = time.perf_counter()
+                u2 = usage()
                 if i >= 2:
                     ps_times.append(t1 - t)
-                    tcp_times.append(t2 - t1)
+                    tcp_times.append(t3 - t2)
+                    for k, (a, b) in (("ps", (u0, u1)), ("tcp", (u1, u2))):
+                        for j in range(3):
+                            cost[k][j] += b[j] - a[j]
         s.finish()
         ps_s, tcp_s = statistics.median(ps_times), statistics.median(tcp_times)
-        rows.append({"MB": mb, "ps_push_pull_s": ps_s, "tcp_echo_s": tcp_s, "ps_GBps": 2 * mb / 1024 / ps_s,
-                     "tcp_GBps": 2 * mb / 1024 / tcp_s, "ratio": tcp_s / ps_s})
+        rows.append({"MB": mb, "rounds": rounds, "ps_push_pull_s": ps_s, "tcp_echo_s": tcp_s,
+                     "ps_GBps": 2 * mb / 1024 / ps_s, "tcp_GBps": 2 * mb / 1024 / tcp_s, "ratio": tcp_s / ps_s,
+                     "paired_ratio": statistics.median(b / a for a, b in zip(ps_times, tcp_times)),
+                     "ps_cpu_s": cost["ps"][0] / rounds, "tcp_cpu_s": cost["tcp"][0] / rounds,
+                     "ps_faults": cost["ps"][1] / rounds, "tcp_faults": cost["tcp"][1] / rounds,
+                     "ps_spin_s": cost["ps"][2] / rounds, "tcp_spin_s": cost["tcp"][2] / rounds,
+                     "ps_times_s": ps_times, "tcp_times_s": tcp_times})
     out["wire"] = rows
 
 
@@ -213,6 +273,11 @@ def part_loops(strategy, out: dict) -> None:
         ps_prefetch = _strategy_loop(strategy, f"{label}-prefetch", build(), steps, 0.01, prefetch=True)
         rows.append({"model": label, "hand_steps_s": hand, "ps_steps_s": ps_plain, "ps_prefetch_steps_s": ps_prefetch,
                      "speedup": ps_prefetch / hand})
+    from towerflow.cluster import transport
+
+    ps_rss = transport.call_async("ps:0", _by_name()._max_rss_kb).wait()
+    for r in rows:  # peak resident memory of the worker and the ps over the whole part
+        r["worker_max_rss_kb"], r["ps_max_rss_kb"] = _max_rss_kb(), ps_rss
     out["loops"] = rows
 
 
@@ -275,14 +340,61 @@ def in_cluster(args) -> None:
 
 
 # ---------------------------------------------------------------- the driver
-def launch(part: str, workers: int, out: str, extra) -> list:
+def launch(part: str, workers: int, out: str, extra, env_extra=None) -> list:
     cmd = [sys.executable, "-m", "towerflow", "launch", "--ps", "1", "--workers", str(workers), os.path.abspath(__file__),
            "--in-cluster", "--part", part, "--out", out, *extra]
-    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src")}
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src"), **(env_extra or {})}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"{part} with {workers} workers failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return [json.load(open(os.path.join(out, f"{part}-{w}.json"))) for w in range(workers)]
+
+
+def _print_wire(rows: list, label: str = "") -> None:
+    for r in rows:
+        print(f"  {label}{r['MB']:3d} MB: ps {r['ps_GBps']:.2f} GB/s ({r['ps_push_pull_s'] * 1e3:.1f} ms), "
+              f"tcp {r['tcp_GBps']:.2f} GB/s ({r['tcp_echo_s'] * 1e3:.1f} ms), ps/tcp {r['ratio']:.2f} "
+              f"(paired {r['paired_ratio']:.2f}); per step: cpu {r['ps_cpu_s'] * 1e3:.0f} / {r['tcp_cpu_s'] * 1e3:.0f} ms "
+              f"(reactor spin {r.get('ps_spin_s', 0) * 1e3:.0f} / {r.get('tcp_spin_s', 0) * 1e3:.0f}), "
+              f"page faults {r['ps_faults']:.0f} / {r['tcp_faults']:.0f}", flush=True)
+
+
+def run_variants(parts: list, variants: list, launches: int, out: str, extra) -> dict:
+    """The wire and loops parts under each process environment, interleaved, `launches` times over."""
+    runs: dict = {v: {"env": WIRE_ENVS[v], **{k: [] for p in parts for k in (p, f"{p}_load_average")}} for v in variants}
+    for i in range(launches):
+        for v in variants:
+            for part in parts:
+                runs[v][f"{part}_load_average"].append(os.getloadavg()[0])
+                rows = launch(part, 1, out, extra, WIRE_ENVS[v])[0][part]
+                runs[v][part].append(rows)
+                print(f"launch {i + 1}/{launches}, {v} (load {runs[v][f'{part}_load_average'][-1]:.1f}), {part}:", flush=True)
+                if part == "wire":
+                    _print_wire(rows)
+                else:
+                    for r in rows:
+                        print(f"  {r['model']}: hand {r['hand_steps_s']:.1f}, ps {r['ps_steps_s']:.1f}, ps+prefetch "
+                              f"{r['ps_prefetch_steps_s']:.1f} steps/s; peak RSS worker {r['worker_max_rss_kb'] / 1024:.0f} MB, "
+                              f"ps {r['ps_max_rss_kb'] / 1024:.0f} MB", flush=True)
+    median = statistics.median
+    print("medians over launches:")
+    for v, run in runs.items():
+        if run.get("wire"):
+            run["wire_median"] = {str(r["MB"]): {k: median(launch_rows[j][k] for launch_rows in run["wire"])
+                                                  for k in ("ratio", "paired_ratio", "ps_push_pull_s", "tcp_echo_s",
+                                                            "ps_faults", "ps_cpu_s", "tcp_cpu_s", "ps_spin_s", "tcp_spin_s")}
+                                  for j, r in enumerate(run["wire"][0])}
+            print(f"  {v:10s} wire ps/tcp: " + ", ".join(f"{mb} MB {m['ratio']:.2f}" for mb, m in run["wire_median"].items())
+                  + " (each launch: " + "; ".join(", ".join(f"{r['ratio']:.2f}" for r in rows) for rows in run["wire"]) + ")")
+        if run.get("loops"):
+            run["loops_median"] = {r["model"]: {k: median(launch_rows[j][k] for launch_rows in run["loops"])
+                                                for k in ("hand_steps_s", "ps_steps_s", "ps_prefetch_steps_s",
+                                                          "worker_max_rss_kb", "ps_max_rss_kb")}
+                                   for j, r in enumerate(run["loops"][0])}
+            print(f"  {v:10s} loops steps/s (hand, ps, ps+prefetch): " + ", ".join(
+                f"{m}: {x['hand_steps_s']:.1f}, {x['ps_steps_s']:.1f}, {x['ps_prefetch_steps_s']:.1f}"
+                for m, x in run["loops_median"].items()))
+    return runs
 
 
 def plot_modes(results: list, path: str) -> None:
@@ -300,6 +412,9 @@ def main() -> None:
     p.add_argument("--data", default=os.environ.get("TOWERFLOW_DATA", os.path.join(REPO, "..", "shared", "data", "mnist-t10k")))
     p.add_argument("--mode-steps", type=int, default=400)
     p.add_argument("--slow", type=float, default=0.02, help="seconds worker 1 sleeps per step in the modes part")
+    p.add_argument("--env-variants", default=None, metavar="LIST",
+                   help=f"run the wire and loops parts under each of these process environments: {', '.join(WIRE_ENVS)}")
+    p.add_argument("--launches", type=int, default=1, help="with --env-variants: launches per variant, interleaved")
     p.add_argument("--in-cluster", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--part", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -318,12 +433,19 @@ def main() -> None:
     parts = args.parts.split(",")
     for part in parts:
         summary["load_average"][part] = os.getloadavg()[0]
+    if args.env_variants:
+        variants = args.env_variants.split(",")
+        unknown = [v for v in variants if v not in WIRE_ENVS]
+        if unknown:
+            raise SystemExit(f"unknown --env-variants {unknown}; choose from {', '.join(WIRE_ENVS)}")
+        runs = run_variants([p for p in parts if p in ("wire", "loops")], variants, args.launches, out, extra)
+        for v, run in runs.items():  # a later run of one part keeps the other part's numbers
+            summary.setdefault("env_variants", {}).setdefault(v, {}).update(run)
+        parts = [p for p in parts if p not in ("wire", "loops")]
     if "wire" in parts:
         summary["wire"] = launch("wire", 1, out, extra)[0]["wire"]
         print("push+pull through the ps vs raw loopback TCP echo (same run):")
-        for r in summary["wire"]:
-            print(f"  {r['MB']:3d} MB: ps {r['ps_GBps']:.2f} GB/s ({r['ps_push_pull_s'] * 1e3:.1f} ms), "
-                  f"tcp {r['tcp_GBps']:.2f} GB/s ({r['tcp_echo_s'] * 1e3:.1f} ms), ps/tcp {r['ratio']:.2f}")
+        _print_wire(summary["wire"])
     if "loops" in parts:
         summary["loops"] = launch("loops", 1, out, extra)[0]["loops"]
         print("async steps/s, 1 worker: hand-written pull->grad->push vs ParameterServerStrategy:")

@@ -40,6 +40,14 @@ def test_written_environment_reads_back():
     assert (info.cluster, info.job_name, info.task_index, info.source) == (CLUSTER, "worker", 1, "TF_CONFIG")
 
 
+def test_clusters_with_ps_tasks_put_big_tensors_on_huge_pages_unless_the_launcher_environment_says():
+    no_ps = ClusterSpec({"worker": ["h:2", "h:3"]})
+    assert [env_for(j, i, inherited={}).get("THP_MEM_ALLOC_ENABLE") for j, i in [("chief", 0), ("worker", 1), ("ps", 0)]] == ["1"] * 3
+    assert "THP_MEM_ALLOC_ENABLE" not in task_environment(no_ps, "worker", 0, master_addr="h", master_port=9, inherited={})
+    # set in the launcher's environment (which every task inherits): left alone, so 0 turns it off
+    assert "THP_MEM_ALLOC_ENABLE" not in env_for("ps", 0, inherited={"THP_MEM_ALLOC_ENABLE": "0"})
+
+
 def test_flags_win_over_the_environment():
     info = read_task(argv=["--worker_hosts", "h:5,h:6", "--job_name", "worker", "--task_index", "1"], env=env_for("ps", 0))
     assert (info.cluster.as_dict(), info.name, info.source) == ({"worker": ["h:5", "h:6"]}, "/job:worker/task:1", "flags")

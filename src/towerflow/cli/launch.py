@@ -8,7 +8,8 @@
 
 Each task's output is prefixed with its name; if a task fails the rest are stopped and the
 launch exits with the failed task's code. Every flag has both spellings (`--task-index` and
-`--task_index`) and falls back to an environment variable.
+`--task_index`) and falls back to an environment variable. Tasks of a cluster with ps tasks get
+THP_MEM_ALLOC_ENABLE=1 (big CPU tensors on huge pages) unless the environment sets it (0: off).
 """
 
 from __future__ import annotations

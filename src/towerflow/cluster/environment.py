@@ -27,6 +27,8 @@ ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher res
 ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher allows each task (--max-restarts)
 ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
 ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the launcher hosts it (not a task)
+# PyTorch's: CPU tensors of 2 MB and more on transparent huge pages (read once, at the first allocation)
+ENV_THP_ALLOC = "THP_MEM_ALLOC_ENABLE"
 # TensorFlow's
 ENV_TF_CONFIG = "TF_CONFIG"
 # torchrun's, for the process group of training replicas (chief, then workers; no ps)
@@ -75,8 +77,12 @@ def task_environment(
     device: Optional[str] = None,
     token: Optional[str] = None,
     store: Optional[str] = None,
+    inherited: Optional[Mapping[str, str]] = None,
 ) -> Dict[str, str]:
-    """The variables one launched task gets (see docs/architecture.md, 'The environment contract')."""
+    """The variables one launched task gets (see docs/architecture.md, 'The environment contract').
+
+    `inherited` is the launcher's own environment (default `os.environ`), which every task gets too.
+    """
     cluster.task_address(job_name, task_index)  # validates the pair
     env = {
         ENV_JOB_NAME: job_name,
@@ -102,6 +108,12 @@ def task_environment(
         env[ENV_CLUSTER_TOKEN] = token
     if store:
         env[ENV_STORE] = store
+    inherited = os.environ if inherited is None else inherited
+    if "ps" in cluster.jobs and ENV_THP_ALLOC not in inherited:
+        # Each push and pull lands in a buffer the RPC layer allocates fresh; on huge pages a 64 MB
+        # one costs ~30x fewer page faults (docs/benchmarks.md). A THP_MEM_ALLOC_ENABLE of the
+        # launcher's environment (0: off) is left as it is.
+        env[ENV_THP_ALLOC] = "1"
     return env
 
 
