@@ -1,19 +1,26 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.towerflow-installed
+# One stamp per set of extras: the demo's (what it imports), then dev's (the demo's plus the test tools).
+DEMO_STAMP := $(VENV)/.towerflow-demo
+DEV_STAMP := $(VENV)/.towerflow-dev
 
 .PHONY: demo test setup clean
 
-setup: $(STAMP)
+setup: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml tools/setup_venv.sh
-	bash tools/setup_venv.sh $(VENV)
+$(DEMO_STAMP): pyproject.toml tools/setup_venv.sh
+	bash tools/setup_venv.sh $(VENV) demo
 	touch $@
 
-demo: $(STAMP)
+# dev's extras hold demo's, so a dev setup is a demo setup too.
+$(DEV_STAMP): pyproject.toml tools/setup_venv.sh
+	bash tools/setup_venv.sh $(VENV) dev
+	touch $@ $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) -m towerflow demo $(DEMO_ARGS)
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:

@@ -67,6 +67,17 @@ def test_digits_fallback_without_a_path():
     assert len(load_digits_split().test) == 360
 
 
+def test_digits_read_from_scikit_learns_csv_match_load_digits():
+    from sklearn.datasets import load_digits
+
+    from towerflow.data.mnist import _digits
+
+    digits = load_digits()
+    images, labels = _digits()
+    np.testing.assert_array_equal(images, digits.images)
+    np.testing.assert_array_equal(labels, digits.target)
+
+
 @pytest.mark.skipif(not os.path.isdir(REAL), reason="the shared MNIST-t10k folder is not here")
 def test_real_mnist_t10k_split():
     split = load_mnist_t10k(REAL)

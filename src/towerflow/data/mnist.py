@@ -8,6 +8,7 @@ Without a path, scikit-learn's 8x8 `load_digits` stands in (first 80% train / re
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 from typing import NamedTuple, Optional, Tuple
 
@@ -77,15 +78,32 @@ def load_mnist_t10k(path: str, n_train: int = 8000) -> Split:
     return Split(TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:]), "mnist-t10k")
 
 
-def load_digits_split(train_fraction: float = 0.8) -> Split:
-    """scikit-learn's 1,797 8x8 digits, first `train_fraction` train / rest test; normalised [N,1,8,8]."""
-    try:
+def _digits() -> Tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as (images [1797,8,8], labels [1797]), what `sklearn.datasets.load_digits` returns.
+
+    Read from the CSV that ships inside scikit-learn, which `load_digits` parses the same way, without
+    importing scikit-learn: that import (scipy and more) costs every task of a demo a second or more.
+    """
+    spec = importlib.util.find_spec("sklearn")  # a top-level package: found, not imported
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(folder, "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            with gzip.open(path, "rt") as f:
+                data = np.loadtxt(f, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+    try:  # a scikit-learn that keeps its data elsewhere
         from sklearn.datasets import load_digits
     except ImportError as e:
         raise DataError("the digits fallback needs scikit-learn: pip install 'towerflow[examples]'") from e
     digits = load_digits()
-    x = torch.from_numpy(digits.images.astype(np.float32) / 16.0).sub_(0.5).div_(0.5).unsqueeze(1)
-    y = torch.from_numpy(digits.target.astype(np.int64))
+    return digits.images, digits.target
+
+
+def load_digits_split(train_fraction: float = 0.8) -> Split:
+    """scikit-learn's 1,797 8x8 digits, first `train_fraction` train / rest test; normalised [N,1,8,8]."""
+    images, labels = _digits()
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).sub_(0.5).div_(0.5).unsqueeze(1)
+    y = torch.from_numpy(labels.astype(np.int64))
     n = int(len(y) * train_fraction)
     return Split(TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:]), "digits")
 

@@ -284,6 +284,16 @@ class ShardService:
         return out
 
 
+def warm_up() -> None:
+    """Build and drop a throwaway optimizer before serving.
+
+    A process's first torch.optim optimizer imports torch._dynamo, seconds on a small machine. A ps
+    task pays that while the workers build their models, not when the chief's first call creates the
+    shards here with every worker waiting on it.
+    """
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)])
+
+
 # ---- what workers call (through cluster.transport), one registry per ps process
 _services: Dict[str, ShardService] = {}
 _ready: Dict[str, List[torch.futures.Future]] = collections.defaultdict(list)

@@ -163,6 +163,7 @@ class ParameterServerStrategy(Strategy):
             )
         if self.server.job_name == "ps":
             if serve_ps:
+                _service.warm_up()  # while the workers build their models
                 self.server.join()  # serve shards until every task is done
                 sys.exit(0)
             raise StrategyError(f"{self.server.name} is a ps task: it serves variables (server.join()) and trains nothing")
