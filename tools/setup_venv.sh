@@ -10,7 +10,8 @@ extras=${2:-dev}
 python=$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 
 # A venv made with pip in it spends seconds in ensurepip (which byte-compiles pip); pip >= 22.3 of the
-# base interpreter can install into a venv without pip (--python), and puts pip in with everything else.
+# base interpreter can install into a venv without pip (--python), and puts the pip ensurepip would
+# have put there in with everything else.
 if [ ! -x "$venv/bin/python" ]; then
     if "$python" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (22, 3))' 2>/dev/null; then
         "$python" -m venv --without-pip "$venv"
@@ -25,7 +26,7 @@ if "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
     pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 else
     pip=("$python" -m pip --python "$venv/bin/python" --disable-pip-version-check)
-    first+=(pip)
+    first+=("$("$python" -c 'import ensurepip; print("pip==" + ensurepip.version())' 2>/dev/null || echo pip)")
 fi
 
 # Every install is --no-compile: pip byte-compiles each file it installs, one at a time, and torch
