@@ -266,12 +266,14 @@ class Server:
     def rpc_name_of(self, job: str, index: int) -> str:
         """The RPC name of a task's current incarnation (from the store; a task that was restarted
         joined under a new name)."""
+        if self._store is not None:
+            self._incarnations[(job, index)] = self._incarnation_of(job, index)
+        return rpc_name(job, index, self._incarnations.get((job, index), 0))
+
+    def _incarnation_of(self, job: str, index: int) -> int:
+        """How many times the task has been restarted, as its current incarnation wrote in the store."""
         key = self._key("incarnation", job, index)
-        k = self._incarnations.get((job, index), 0)
-        if self._store is not None and self._store.check([key]):
-            k = int(self._store.get(key).decode())
-            self._incarnations[(job, index)] = k
-        return rpc_name(job, index, k)
+        return int(self._store.get(key).decode()) if self._store.check([key]) else 0
 
     def publish(self, key: str, value: str) -> None:
         """Record a small fact every task can read (`lookup`); it lives in the rendezvous store, so it
@@ -297,8 +299,7 @@ class Server:
             current = self.rpc_name_of(job, index)
             if current != lost:
                 return current
-            key = self._key("incarnation", job, index)
-            incarnation = int(self._store.get(key).decode()) if self._store.check([key]) else 0
+            incarnation = self._incarnations[(job, index)]
             if incarnation >= self.max_restarts:
                 failed = self._key("failed", job, index)
                 if self._store.check([failed]):  # it stopped on an error of its own: that is the news
@@ -582,8 +583,7 @@ class Server:
         for t in running:
             name = _task_name(t.job, t.task)
             count = self._store.add(self._key("beat", t.job, t.task), 0)
-            key = self._key("incarnation", t.job, t.task)
-            incarnation = int(self._store.get(key).decode()) if self._store.check([key]) else 0
+            incarnation = self._incarnation_of(t.job, t.task)
             last = seen.get(name)
             if last is None or last[0] != (count, incarnation):  # a beat, or a restarted incarnation: alive again
                 seen[name] = ((count, incarnation), now)
