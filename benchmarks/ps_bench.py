@@ -41,8 +41,12 @@ RESULTS = os.path.join(HERE, "results")
 _NO_TRIM = {"MALLOC_TRIM_THRESHOLD_": str(1 << 32), "MALLOC_TOP_PAD_": str(64 << 20)}  # keep freed memory mapped
 # Process environments the wire and loops parts compare (--env-variants); set for every task of the launch.
 WIRE_ENVS = {
-    "plain": {"THP_MEM_ALLOC_ENABLE": "0"},  # what towerflow launch gave every task before it set THP for ps clusters
-    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},  # PyTorch: CPU tensors >= 2 MB madvise(MADV_HUGEPAGE)
+    # towerflow's defaults for a ps cluster: PyTorch's huge-page allocation (CPU tensors >= 2 MB
+    # madvise(MADV_HUGEPAGE)) and TensorPipe's TCP transport only
+    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
+    "plain": {"THP_MEM_ALLOC_ENABLE": "0"},  # no huge pages (what tasks got before the launcher set THP)
+    # TensorPipe's default transports, shm (busy-polling reactor) included: what tasks got before towerflow chose uv
+    "thp+shm": {"THP_MEM_ALLOC_ENABLE": "1", "TOWERFLOW_RPC_TRANSPORTS": "uv,shm,ibv"},
     # glibc: big chunks from the heap, not mmap (the threshold is capped at 32 MB on 64-bit), freed memory kept
     "mmap32": {"THP_MEM_ALLOC_ENABLE": "0", "MALLOC_MMAP_THRESHOLD_": str(32 << 20), **_NO_TRIM},
     # glibc: one arena (TensorPipe's threads allocate in the main heap too) and no mmap at all, freed memory kept

@@ -6,7 +6,10 @@ Compares, between two processes on loopback:
   * torch.distributed.rpc (TensorPipe): round-trip latency of a small call, and push/pull
     throughput of 4 MB and 64 MB float32 tensors;
   * c10d send/recv over gloo: the same push/pull throughput;
-  * the same rpc restricted to TensorPipe's TCP transport ("uv"), what crosses hosts;
+  * rpc with TensorPipe's default transports (it picks "shm" between local processes) and
+    restricted to its TCP transport ("uv": towerflow's default, and what crosses hosts);
+    tensor payloads between local processes go by CMA (process_vm_readv) either way;
+  * the CPU an idle rpc member burns (TensorPipe's shm reactor busy-polls, chosen or not);
   * a raw TCP socket (sendall / recv_into): the throughput ceiling.
 Buffers are allocated once and reused (a fresh 64 MB allocation costs ~50 ms here, which
 would swamp the transfer). Reports medians and the ratio of each to the socket ceiling.
@@ -67,14 +70,15 @@ def _rpc(rank, port, repeats, queue, transports=None):
 
     for mb in SIZES_MB:
         _BUFFERS[mb] = torch.ones(mb * 2**18)
-    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=120)
-    label = "rpc"
-    if transports:  # TensorPipe picks shared memory between local processes; "uv" is its TCP path
-        opts._transports = transports
-        label = "rpc (TCP only)"
+    # `_transports` only counts in the constructor (an attribute set afterwards is ignored)
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=120, _transports=transports)
+    label = f"rpc ({'+'.join(transports)} transport)" if transports else "rpc (default transports: shm)"
     rpc.init_rpc(f"t{rank}", rank=rank, world_size=2, rpc_backend_options=opts)
     if rank == 0:
         res = {}
+        before = time.process_time()
+        time.sleep(2.0)
+        res[f"{label} idle process CPU"] = ("cpu", (time.process_time() - before) / 2.0)
         small = torch.ones(4)
         lat = []
         for _ in range(SMALL_CALLS):
@@ -197,6 +201,8 @@ def main(argv=None) -> int:
     for name, value in results.items():
         if value[0] == "latency":
             rows.append(f"| {name} | {value[1] * 1e6:.0f} µs | | |")
+        elif value[0] == "cpu":
+            rows.append(f"| {name} | {value[1] * 100:.0f}% of a core | | |")
         else:
             _, mb, dt = value
             rows.append(f"| {name} | {dt * 1e3:.1f} ms | {mb / 1024 / dt:.2f} GB/s | {ceiling[mb] / dt:.2f}x |")

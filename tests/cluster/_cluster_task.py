@@ -7,6 +7,7 @@ Prints 'CHECK <name> ok' per passed check; any failed assertion exits non-zero.
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -78,6 +79,15 @@ def client(server: towerflow.Server) -> None:
     lines = [r.line() for r in towerflow.placement_log()]
     assert any("/job:ps/replica:0/task:0" in l and "RemoteCall" in l for l in lines), lines
     print("CHECK placement log ok", flush=True)
+
+    # an idle task must not burn a core: TensorPipe's shm transport busy-polls, so it is not started
+    threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    assert "TP_SHM_reactor" not in threads, threads
+    before = time.process_time()
+    time.sleep(1.0)
+    idle = time.process_time() - before
+    assert idle < 0.3, f"{idle:.2f} s of CPU in 1 s of idling"
+    print("CHECK idle ok", flush=True)
 
 
 def main() -> None:

@@ -83,3 +83,17 @@ def test_token_sources(tmp_path):
     assert read_token(env={}) is None
     with pytest.raises(ClusterSpecError, match="is empty"):
         read_token(env={"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "empty")})
+
+
+def test_rpc_transports_default_to_tcp_and_a_bad_name_is_refused_with_the_choices(monkeypatch):
+    from towerflow import Server
+    from towerflow.errors import ConfigError
+
+    cluster = {"worker": ["localhost:1"]}
+    monkeypatch.delenv("TOWERFLOW_RPC_TRANSPORTS", raising=False)
+    assert Server(cluster, start=False).rpc_transports == ("uv",)
+    monkeypatch.setenv("TOWERFLOW_RPC_TRANSPORTS", "uv, ibv")
+    assert Server(cluster, start=False).rpc_transports == ("uv", "ibv")
+    monkeypatch.setenv("TOWERFLOW_RPC_TRANSPORTS", "uv,tcp")
+    with pytest.raises(ConfigError, match=r"TOWERFLOW_RPC_TRANSPORTS='uv,tcp'.*uv, shm, ibv"):
+        Server(cluster, start=False)

@@ -19,7 +19,7 @@ def test_cluster_runs_remote_calls_and_shuts_down_in_any_start_order(procs):
     codes = [t.wait(75) for t in tasks]
     assert codes == [0, 0, 0], procs.describe()
     client = tasks[1].out
-    for check in ("values", "tensors", "device part", "remote exception", "placement log"):
+    for check in ("values", "tensors", "device part", "remote exception", "placement log", "idle"):
         assert f"CHECK {check} ok" in client, procs.describe()
     assert all("DONE" in t.out for t in tasks)
     assert not any(t.group_alive() for t in tasks), "a task left a process behind"

@@ -26,6 +26,7 @@ ENV_HEARTBEAT_TIMEOUT = "TOWERFLOW_HEARTBEAT_TIMEOUT"  # seconds of silence befo
 ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher restarted this task
 ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher allows each task (--max-restarts)
 ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
+ENV_RPC_TRANSPORTS = "TOWERFLOW_RPC_TRANSPORTS"  # TensorPipe transports for RPC, e.g. "uv,ibv" (default "uv")
 ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the launcher hosts it (not a task)
 # PyTorch's: CPU tensors of 2 MB and more on transparent huge pages (read once, at the first allocation)
 ENV_THP_ALLOC = "THP_MEM_ALLOC_ENABLE"

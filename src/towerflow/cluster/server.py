@@ -28,7 +28,7 @@ from towerflow.cluster import environment as _env
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, _same_place, split_address
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError
+from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError, ConfigError
 
 DEFAULT_JOIN_TIMEOUT = 60.0
 _SAY_EVERY = 5.0  # seconds between repeated waiting messages
@@ -57,6 +57,16 @@ def _int_from_env(name: str) -> int:
     if not text.isdigit():
         raise ClusterSpecError(f"{name}={text!r} in the environment: expected a non-negative integer (the launcher sets it)")
     return int(text)
+
+
+def _rpc_transports_from_env() -> tuple:
+    raw = os.environ.get(_env.ENV_RPC_TRANSPORTS, "").strip()
+    if not raw:
+        return _transport.DEFAULT_RPC_TRANSPORTS
+    try:
+        return _transport.check_rpc_transports([n.strip() for n in raw.split(",")], _env.ENV_RPC_TRANSPORTS)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _say(text: str) -> None:
@@ -158,6 +168,7 @@ class Server:
         self._beating = threading.Event()
         self._beat_thread: Optional[threading.Thread] = None
         self.heartbeat_timeout = float(os.environ.get(_env.ENV_HEARTBEAT_TIMEOUT) or DEFAULT_HEARTBEAT_TIMEOUT)
+        self.rpc_transports = _rpc_transports_from_env()
         self.incarnation = _int_from_env(_env.ENV_RESTART_COUNT)  # 0, or how often the launcher restarted this task
         self.max_restarts = _int_from_env(_env.ENV_MAX_RESTARTS)  # a silent task may come back while below this
         self.replaced: List[str] = []  # RPC names of dead incarnations this one took over from
@@ -232,10 +243,11 @@ class Server:
             self._wait_for_all("slot", deadline, "tasks up")
             me = rpc_name(self.job_name, self.task_index, self.incarnation)
             if self.incarnation == 0:
-                _transport.start_rpc(self._store, me, self._rank(), self.rpc_timeout)
+                _transport.start_rpc(self._store, me, self._rank(), self.rpc_timeout, transports=self.rpc_transports)
             else:
                 dead = [rpc_name(self.job_name, self.task_index, k) for k in range(self.incarnation)]
-                self.replaced = _transport.start_rpc_replacing(self._store, me, self._rank(), self.rpc_timeout, dead)
+                self.replaced = _transport.start_rpc_replacing(self._store, me, self._rank(), self.rpc_timeout, dead,
+                                                               transports=self.rpc_transports)
             self._store.add(self._key("beat"), 1)  # a first beat before the new incarnation shows (see _check_heartbeats)
             self._store.set(self._key("incarnation"), str(self.incarnation))
             self._store.set(self._key("up"), "1")

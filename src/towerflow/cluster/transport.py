@@ -97,13 +97,34 @@ def prefix_store(prefix: str, store: Store) -> Store:
     return dist.PrefixStore(prefix, store)
 
 
-def start_rpc(store: Store, name: str, rank: int, timeout: float, num_threads: int = 16) -> None:
+# TensorPipe's transports for the RPC control path (tensor payloads between processes of one host
+# go by CMA, one process_vm_readv copy, whichever is chosen). "shm" runs a reactor thread that
+# busy-polls a whole core for the life of the process, chosen or not: on a box with fewer cores
+# than tasks that halved training steps/s (docs/benchmarks.md), so TCP ("uv") is the default.
+RPC_TRANSPORTS = ("uv", "shm", "ibv")
+DEFAULT_RPC_TRANSPORTS = ("uv",)
+
+
+def check_rpc_transports(names: Sequence[str], source: str) -> Tuple[str, ...]:
+    unknown = [n for n in names if n not in RPC_TRANSPORTS]
+    if unknown or not names:
+        raise ValueError(
+            f"{source}={','.join(names)!r}: expected a comma-separated list of TensorPipe transports from "
+            f"{', '.join(RPC_TRANSPORTS)} (e.g. 'uv' or 'uv,ibv'); unset it for the default {','.join(DEFAULT_RPC_TRANSPORTS)!r}"
+        )
+    return tuple(names)
+
+
+def start_rpc(store: Store, name: str, rank: int, timeout: float, num_threads: int = 16,
+              transports: Sequence[str] = DEFAULT_RPC_TRANSPORTS) -> None:
     """Join the RPC group as `name`; dynamic membership (no world size) so tasks may come and go."""
     import torch.distributed.autograd as dist_autograd
     from torch.distributed import rpc
     from torch.distributed.rpc.backend_registry import BackendType
 
-    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=timeout, num_worker_threads=num_threads)
+    # `_transports` is read by the constructor only: an attribute set afterwards is silently ignored
+    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=timeout, num_worker_threads=num_threads,
+                                              _transports=list(transports))
     dist_autograd._init(rank)  # init_rpc does this too; the agent refuses to start without it
     rpc._init_rpc_backend(BackendType.TENSORPIPE, prefix_store("rpc", store), name, rank, None, options)
 
@@ -141,7 +162,8 @@ def _drop_peer(name: str, rank: int) -> None:
     _update_group_membership(rpc.WorkerInfo(name, rank), [], {}, False)
 
 
-def start_rpc_replacing(store: Store, name: str, rank: int, timeout: float, dead: Sequence[str]) -> List[str]:
+def start_rpc_replacing(store: Store, name: str, rank: int, timeout: float, dead: Sequence[str],
+                        transports: Sequence[str] = DEFAULT_RPC_TRANSPORTS) -> List[str]:
     """Join as `name` in place of dead members (killed, so they never left).
 
     torch's dynamic group would call every listed member while this task joins, and again
@@ -150,7 +172,7 @@ def start_rpc_replacing(store: Store, name: str, rank: int, timeout: float, dead
     Returns the names that were dropped.
     """
     gone = _forget_members(store, list(dead)) if dead else []
-    start_rpc(store, name, rank, timeout)
+    start_rpc(store, name, rank, timeout, transports=transports)
     for peer in peers():
         if peer != name:
             for dead_name, dead_rank in gone:
