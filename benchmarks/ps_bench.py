@@ -40,18 +40,21 @@ RESULTS = os.path.join(HERE, "results")
 
 _NO_TRIM = {"MALLOC_TRIM_THRESHOLD_": str(1 << 32), "MALLOC_TOP_PAD_": str(64 << 20)}  # keep freed memory mapped
 # Process environments the wire and loops parts compare (--env-variants); set for every task of the launch.
+_SYSTEM = {"TOWERFLOW_PS_ALLOCATOR": "system"}  # without it, towerflow launch adds its allocator settings
 WIRE_ENVS = {
-    # towerflow's defaults for a ps cluster: PyTorch's huge-page allocation (CPU tensors >= 2 MB
-    # madvise(MADV_HUGEPAGE)) and TensorPipe's TCP transport only
-    "thp": {"THP_MEM_ALLOC_ENABLE": "1"},
-    "plain": {"THP_MEM_ALLOC_ENABLE": "0"},  # no huge pages (what tasks got before the launcher set THP)
-    # TensorPipe's default transports, shm (busy-polling reactor) included: what tasks got before towerflow chose uv
-    "thp+shm": {"THP_MEM_ALLOC_ENABLE": "1", "TOWERFLOW_RPC_TRANSPORTS": "uv,shm,ibv"},
+    # what towerflow launch gives a ps cluster: huge pages for CPU tensors >= 2 MB, glibc's mmap threshold
+    # fixed at 32 MB with 256 MB of freed memory kept, and TensorPipe's TCP transport only
+    "tuned": {},
+    "thp": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "1"},  # huge pages only (what the launcher gave before 2026-11-22 13:50)
+    "plain": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "0"},  # the system's allocator as it is
+    # TensorPipe's default transports, shm (busy-polling reactor) included, with huge pages: what tasks got
+    # before towerflow chose uv
+    "thp+shm": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "1", "TOWERFLOW_RPC_TRANSPORTS": "uv,shm,ibv"},
     # glibc: big chunks from the heap, not mmap (the threshold is capped at 32 MB on 64-bit), freed memory kept
-    "mmap32": {"THP_MEM_ALLOC_ENABLE": "0", "MALLOC_MMAP_THRESHOLD_": str(32 << 20), **_NO_TRIM},
+    "mmap32": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "0", "MALLOC_MMAP_THRESHOLD_": str(32 << 20), **_NO_TRIM},
     # glibc: one arena (TensorPipe's threads allocate in the main heap too) and no mmap at all, freed memory kept
-    "arena1": {"THP_MEM_ALLOC_ENABLE": "0", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", **_NO_TRIM},
-    "thp+arena1": {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", **_NO_TRIM},
+    "arena1": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "0", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", **_NO_TRIM},
+    "thp+arena1": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "1", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", **_NO_TRIM},
 }
 
 

@@ -40,12 +40,20 @@ def test_written_environment_reads_back():
     assert (info.cluster, info.job_name, info.task_index, info.source) == (CLUSTER, "worker", 1, "TF_CONFIG")
 
 
-def test_clusters_with_ps_tasks_put_big_tensors_on_huge_pages_unless_the_launcher_environment_says():
+def test_clusters_with_ps_tasks_get_allocator_settings_for_receive_buffers_unless_the_launcher_environment_says():
     no_ps = ClusterSpec({"worker": ["h:2", "h:3"]})
-    assert [env_for(j, i, inherited={}).get("THP_MEM_ALLOC_ENABLE") for j, i in [("chief", 0), ("worker", 1), ("ps", 0)]] == ["1"] * 3
-    assert "THP_MEM_ALLOC_ENABLE" not in task_environment(no_ps, "worker", 0, master_addr="h", master_port=9, inherited={})
-    # set in the launcher's environment (which every task inherits): left alone, so 0 turns it off
-    assert "THP_MEM_ALLOC_ENABLE" not in env_for("ps", 0, inherited={"THP_MEM_ALLOC_ENABLE": "0"})
+    tuned = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+    for j, i in [("chief", 0), ("worker", 1), ("ps", 0)]:
+        env = env_for(j, i, inherited={})
+        assert {k: env.get(k) for k in tuned} == tuned
+    assert not set(tuned) & set(task_environment(no_ps, "worker", 0, master_addr="h", master_port=9, inherited={}))
+    # set in the launcher's environment (which every task inherits): left alone, so THP_MEM_ALLOC_ENABLE=0 turns it off
+    env = env_for("ps", 0, inherited={"THP_MEM_ALLOC_ENABLE": "0"})
+    assert "THP_MEM_ALLOC_ENABLE" not in env and env["MALLOC_MMAP_THRESHOLD_"] == "33554432"
+    # all of them off: the system's allocator as it is
+    assert not set(tuned) & set(env_for("ps", 0, inherited={"TOWERFLOW_PS_ALLOCATOR": "system"}))
+    with pytest.raises(ClusterSpecError, match="TOWERFLOW_PS_ALLOCATOR='off': expected one of tuned, system"):
+        env_for("ps", 0, inherited={"TOWERFLOW_PS_ALLOCATOR": "off"})
 
 
 def test_flags_win_over_the_environment():

@@ -9,7 +9,9 @@
 Each task's output is prefixed with its name; if a task fails the rest are stopped and the
 launch exits with the failed task's code. Every flag has both spellings (`--task-index` and
 `--task_index`) and falls back to an environment variable. Tasks of a cluster with ps tasks get
-THP_MEM_ALLOC_ENABLE=1 (big CPU tensors on huge pages) unless the environment sets it (0: off).
+THP_MEM_ALLOC_ENABLE=1, MALLOC_MMAP_THRESHOLD_=33554432 and MALLOC_TRIM_THRESHOLD_=268435456
+(allocator settings for the RPC layer's receive buffers, docs/parameter-server.md), each unless
+the environment sets it.
 """
 
 from __future__ import annotations

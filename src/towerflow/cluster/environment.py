@@ -30,6 +30,21 @@ ENV_RPC_TRANSPORTS = "TOWERFLOW_RPC_TRANSPORTS"  # TensorPipe transports for RPC
 ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the launcher hosts it (not a task)
 # PyTorch's: CPU tensors of 2 MB and more on transparent huge pages (read once, at the first allocation)
 ENV_THP_ALLOC = "THP_MEM_ALLOC_ENABLE"
+# What a task of a cluster with ps tasks gets unless the launching environment sets the variable.
+# Every push and pull lands in a buffer the RPC layer allocates fresh. glibc's own rule (mmap from
+# ~4 MB up, unmapped on free, a dynamic threshold) hands each one out as fresh pages, a fault per
+# 4 KB; a fixed 32 MB threshold (glibc's cap) with 256 MB of freed memory kept serves the smaller
+# ones from reused heap memory, and huge pages make the fresh 32 MB+ ones cheap. Measured in
+# docs/benchmarks.md (4 / 16 / 64 MB push+pull: 0.60 / 0.94 / 1.09 -> 0.76 / 1.27 / 1.10 of raw TCP).
+# TOWERFLOW_PS_ALLOCATOR=system leaves the allocator as the system has it (glibc's dynamic threshold
+# cannot be asked for by value).
+ENV_PS_ALLOCATOR = "TOWERFLOW_PS_ALLOCATOR"
+PS_ALLOCATOR_CHOICES = ("tuned", "system")
+PS_ALLOCATOR_ENV = {
+    ENV_THP_ALLOC: "1",
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
+}
 # TensorFlow's
 ENV_TF_CONFIG = "TF_CONFIG"
 # torchrun's, for the process group of training replicas (chief, then workers; no ps)
@@ -110,12 +125,19 @@ def task_environment(
     if store:
         env[ENV_STORE] = store
     inherited = os.environ if inherited is None else inherited
-    if "ps" in cluster.jobs and ENV_THP_ALLOC not in inherited:
-        # Each push and pull lands in a buffer the RPC layer allocates fresh; on huge pages a 64 MB
-        # one costs ~30x fewer page faults (docs/benchmarks.md). A THP_MEM_ALLOC_ENABLE of the
-        # launcher's environment (0: off) is left as it is.
-        env[ENV_THP_ALLOC] = "1"
+    if "ps" in cluster.jobs and _ps_allocator(inherited) == "tuned":
+        env.update({k: v for k, v in PS_ALLOCATOR_ENV.items() if k not in inherited})
     return env
+
+
+def _ps_allocator(env: Mapping[str, str]) -> str:
+    choice = env.get(ENV_PS_ALLOCATOR) or "tuned"
+    if choice not in PS_ALLOCATOR_CHOICES:
+        raise ClusterSpecError(
+            f"{ENV_PS_ALLOCATOR}={choice!r}: expected one of {', '.join(PS_ALLOCATOR_CHOICES)} "
+            f"(system: launch ps clusters without towerflow's allocator settings {sorted(PS_ALLOCATOR_ENV)})"
+        )
+    return choice
 
 
 def _host_of(cluster: ClusterSpec, job: str, index: int) -> str:
