@@ -21,7 +21,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # torch comes with numpy (torch imports it when present, so does towerflow) and setuptools (which
 # builds the project in place below, without an isolated build environment to set up).
-first=(numpy "setuptools>=70.1")
+first=(numpy "setuptools>=77.0.3")  # 77.0.3: the SPDX `license` string of pyproject.toml
 if "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
     pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 else

@@ -31,11 +31,11 @@ ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the laun
 # PyTorch's: CPU tensors of 2 MB and more on transparent huge pages (read once, at the first allocation)
 ENV_THP_ALLOC = "THP_MEM_ALLOC_ENABLE"
 # What a task of a cluster with ps tasks gets unless the launching environment sets the variable.
-# Every push and pull lands in a buffer the RPC layer allocates fresh. glibc's own rule (mmap from
-# ~4 MB up, unmapped on free, a dynamic threshold) hands each one out as fresh pages, a fault per
-# 4 KB; a fixed 32 MB threshold (glibc's cap) with 256 MB of freed memory kept serves the smaller
+# Every push and pull lands in a buffer the RPC layer allocates fresh. glibc's own rule (a dynamic
+# mmap threshold; big chunks mapped fresh and unmapped on free) hands most of them out as fresh
+# pages, a fault per 4 KB; a fixed 32 MB threshold (glibc's cap) with 256 MB of freed memory kept serves the smaller
 # ones from reused heap memory, and huge pages make the fresh 32 MB+ ones cheap. Measured in
-# docs/benchmarks.md (4 / 16 / 64 MB push+pull: 0.60 / 0.94 / 1.09 -> 0.76 / 1.27 / 1.10 of raw TCP).
+# docs/benchmarks.md (4 / 16 / 64 MB push+pull: 0.56 / 0.96 / 1.14 -> 0.74 / 1.25 / 1.03 of raw TCP).
 # TOWERFLOW_PS_ALLOCATOR=system leaves the allocator as the system has it (glibc's dynamic threshold
 # cannot be asked for by value).
 ENV_PS_ALLOCATOR = "TOWERFLOW_PS_ALLOCATOR"
