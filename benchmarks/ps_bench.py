@@ -7,8 +7,10 @@ Each part runs as its own local cluster (`towerflow launch --ps 1 --workers N` o
 script); inside the cluster, ps tasks serve and worker 0 measures and writes JSON.
 
 * wire: one push + one pull of S MB through the strategy (S = 4, 16, 64) against raw loopback
-  TCP in the same run (a socket echo of S MB each way to the ps task, reused buffers), with the
-  page faults and CPU seconds of both processes per step.
+  TCP in the same run (a socket echo of S MB each way to the ps task, reused buffers), in
+  alternating blocks of 4 back-to-back ops each; the ratio is over the ops after a block's first
+  (sustained throughput), `cold_ratio` over the first ones; with the page faults and CPU seconds
+  of both processes per step.
 * --env-variants plain,thp,...: run the wire and loops parts once per process environment
   (`WIRE_ENVS`: PyTorch's huge-page allocation, glibc malloc knobs), interleaved, --launches
   times over; each launch is its own cluster, so each variant's ratio to TCP is from its own run.
@@ -161,7 +163,17 @@ def _by_name():
 
 
 # ---------------------------------------------------------------- parts (run on worker 0 inside the cluster)
-def part_wire(strategy, out: dict) -> None:
+def _timed(op) -> float:
+    t = time.perf_counter()
+    op()
+    return time.perf_counter() - t
+
+
+def part_wire(strategy, out: dict, burst: int = 4) -> None:
+    """Push+pull through the strategy against a raw TCP echo, in alternating blocks of `burst`
+    back-to-back ops each: the ratio of throughput is taken over the ops after the first of a block
+    (sustained, as a training loop calls it), `cold_ratio` over the first ones (after the other
+    side's block and the CPU accounting RPCs, the measure of runs before 2026-11-22 14:30 UTC)."""
     from towerflow.cluster import transport
 
     me = _by_name()
@@ -181,7 +193,7 @@ def part_wire(strategy, out: dict) -> None:
         rounds = max(11, 160 // mb)
         buf = bytearray(numel * 4)  # raw TCP: send S bytes, get S bytes back, buffers allocated once
         view = memoryview(buf)
-        ps_times, tcp_times = [], []
+        ps_times, tcp_times, ps_cold, tcp_cold = [], [], [], []  # back-to-back ops; the first op of each block
         cost = {"ps": [0.0, 0, 0.0], "tcp": [0.0, 0, 0.0]}  # CPU s, page faults, reactor CPU s (both processes)
         with socket.create_connection(("127.0.0.1", port)) as c:
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -193,31 +205,31 @@ def part_wire(strategy, out: dict) -> None:
                 while got < len(buf):
                     got += c.recv_into(view[got:])
 
-            for i in range(rounds + 2):  # interleaved, the first two rounds are warm-up
+            for i in range(rounds + 2):  # interleaved blocks, the first two rounds are warm-up
                 u0 = usage()
-                t = time.perf_counter()
-                s._push_and_pull(None)
-                t1 = time.perf_counter()
+                ps_block = [_timed(lambda: s._push_and_pull(None)) for _ in range(burst)]
                 u1 = usage()
-                t2 = time.perf_counter()
-                echo()
-                t3 = time.perf_counter()
+                tcp_block = [_timed(echo) for _ in range(burst)]
                 u2 = usage()
                 if i >= 2:
-                    ps_times.append(t1 - t)
-                    tcp_times.append(t3 - t2)
+                    ps_cold.append(ps_block[0])
+                    tcp_cold.append(tcp_block[0])
+                    ps_times.extend(ps_block[1:])
+                    tcp_times.extend(tcp_block[1:])
                     for k, (a, b) in (("ps", (u0, u1)), ("tcp", (u1, u2))):
                         for j in range(3):
-                            cost[k][j] += b[j] - a[j]
+                            cost[k][j] += (b[j] - a[j]) / burst
         s.finish()
         ps_s, tcp_s = statistics.median(ps_times), statistics.median(tcp_times)
-        rows.append({"MB": mb, "rounds": rounds, "ps_push_pull_s": ps_s, "tcp_echo_s": tcp_s,
+        rows.append({"MB": mb, "rounds": rounds, "burst": burst, "ps_push_pull_s": ps_s, "tcp_echo_s": tcp_s,
                      "ps_GBps": 2 * mb / 1024 / ps_s, "tcp_GBps": 2 * mb / 1024 / tcp_s, "ratio": tcp_s / ps_s,
-                     "paired_ratio": statistics.median(b / a for a, b in zip(ps_times, tcp_times)),
+                     "cold_ratio": statistics.median(tcp_cold) / statistics.median(ps_cold),
+                     "ps_cold_s": statistics.median(ps_cold), "tcp_cold_s": statistics.median(tcp_cold),
                      "ps_cpu_s": cost["ps"][0] / rounds, "tcp_cpu_s": cost["tcp"][0] / rounds,
                      "ps_faults": cost["ps"][1] / rounds, "tcp_faults": cost["tcp"][1] / rounds,
                      "ps_spin_s": cost["ps"][2] / rounds, "tcp_spin_s": cost["tcp"][2] / rounds,
-                     "ps_times_s": ps_times, "tcp_times_s": tcp_times})
+                     "ps_times_s": ps_times, "tcp_times_s": tcp_times, "ps_cold_times_s": ps_cold,
+                     "tcp_cold_times_s": tcp_cold})
     out["wire"] = rows
 
 
@@ -361,7 +373,7 @@ def _print_wire(rows: list, label: str = "") -> None:
     for r in rows:
         print(f"  {label}{r['MB']:3d} MB: ps {r['ps_GBps']:.2f} GB/s ({r['ps_push_pull_s'] * 1e3:.1f} ms), "
               f"tcp {r['tcp_GBps']:.2f} GB/s ({r['tcp_echo_s'] * 1e3:.1f} ms), ps/tcp {r['ratio']:.2f} "
-              f"(paired {r['paired_ratio']:.2f}); per step: cpu {r['ps_cpu_s'] * 1e3:.0f} / {r['tcp_cpu_s'] * 1e3:.0f} ms "
+              f"(first op of a block: {r['cold_ratio']:.2f}); per step: cpu {r['ps_cpu_s'] * 1e3:.0f} / {r['tcp_cpu_s'] * 1e3:.0f} ms "
               f"(reactor spin {r.get('ps_spin_s', 0) * 1e3:.0f} / {r.get('tcp_spin_s', 0) * 1e3:.0f}), "
               f"page faults {r['ps_faults']:.0f} / {r['tcp_faults']:.0f}", flush=True)
 
@@ -388,7 +400,7 @@ def run_variants(parts: list, variants: list, launches: int, out: str, extra) ->
     for v, run in runs.items():
         if run.get("wire"):
             run["wire_median"] = {str(r["MB"]): {k: median(launch_rows[j][k] for launch_rows in run["wire"])
-                                                  for k in ("ratio", "paired_ratio", "ps_push_pull_s", "tcp_echo_s",
+                                                  for k in ("ratio", "cold_ratio", "ps_push_pull_s", "tcp_echo_s",
                                                             "ps_faults", "ps_cpu_s", "tcp_cpu_s", "ps_spin_s", "tcp_spin_s")}
                                   for j, r in enumerate(run["wire"][0])}
             print(f"  {v:10s} wire ps/tcp: " + ", ".join(f"{mb} MB {m['ratio']:.2f}" for mb, m in run["wire_median"].items())
