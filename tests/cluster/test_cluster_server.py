@@ -22,6 +22,8 @@ def test_cluster_runs_remote_calls_and_shuts_down_in_any_start_order(procs):
     for check in ("values", "tensors", "device part", "remote exception", "placement log", "idle"):
         assert f"CHECK {check} ok" in client, procs.describe()
     assert all("DONE" in t.out for t in tasks)
+    # a clean end is quiet: no task sees another's connections close while it still counts it live
+    assert not any("encountered error" in t.err_path.read_text() for t in tasks), procs.describe()
     assert not any(t.group_alive() for t in tasks), "a task left a process behind"
 
 

@@ -627,16 +627,23 @@ class Server:
             if self._store is not None:
                 self._store.set(self._key("failed"), reason[-4000:])
                 if self._hosts_store:  # keep the store up until the others have read why (or 3 s)
-                    self._wait_left(3.0)
+                    self._wait_for_others("left", 3.0)
         except Exception:
             pass
         self._close(graceful=False)
 
-    def _wait_left(self, seconds: float) -> None:
+    def _wait_for_others(self, kind: str, seconds: float) -> None:
+        """Wait (at most `seconds`) until every other task has set its `kind` key."""
         others = [t for t in self.cluster.tasks() if (t.job, t.task) != (self.job_name, self.task_index)]
         end = time.monotonic() + seconds
-        while time.monotonic() < end and not all(self._store.check([self._key("left", t.job, t.task)]) for t in others):
+        while time.monotonic() < end and not all(self._store.check([self._key(kind, t.job, t.task)]) for t in others):
             time.sleep(_POLL)
+
+    def _everyone_leaving(self) -> None:
+        """The barrier between leaving the RPC group and closing connections (see transport.stop_rpc).
+        A task that never comes (it died after finishing) only costs the wait."""
+        self._store.set(self._key("leaving"), "1")
+        self._wait_for_others("leaving", 10.0)
 
     def _close(self, graceful: bool) -> None:
         if self._stopped:
@@ -647,10 +654,10 @@ class Server:
             self._beat_thread.join(2 * _BEAT_EVERY)
         try:
             if graceful:
-                _transport.stop_rpc(graceful=True)
+                _transport.stop_rpc(graceful=True, everyone_leaving=self._everyone_leaving)
                 self._store.set(self._key("left"), "1")
                 if self._hosts_store:  # the store must outlive everyone's leave
-                    self._wait_left(30.0)
+                    self._wait_for_others("left", 30.0)
             else:
                 _transport.stop_rpc(graceful=False)
         except Exception:

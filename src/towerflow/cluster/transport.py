@@ -190,11 +190,23 @@ def is_peer_lost(error: BaseException) -> bool:
     return "originated at tensorpipe/" in text or "Unknown destination worker" in text or "ECONNREFUSED" in text
 
 
-def stop_rpc(graceful: bool = True) -> None:
-    """Leave the RPC group (graceful: tell the others first) and stop the agent."""
+def stop_rpc(graceful: bool = True, everyone_leaving: Optional[Callable[[], None]] = None) -> None:
+    """Leave the RPC group (graceful: tell the others first) and stop the agent.
+
+    `everyone_leaving`, for a whole cluster ending together, is a barrier over all members: each
+    one leaves the group (which marks its agent as shutting down), waits in it, and only then
+    closes its connections. Without it, whoever closes first makes every member still running log
+    a TensorPipe warning per connection ("encountered error when reading incoming request ... EOF").
+    """
     from torch.distributed import rpc
 
-    if is_rpc_running():
+    if not is_rpc_running():
+        return
+    if graceful and everyone_leaving is not None:
+        rpc.api._get_current_rpc_agent().join(shutdown=True)  # dynamic group: waits for our calls, leaves
+        everyone_leaving()
+        rpc.shutdown(graceful=False)  # the members have all left: just close
+    else:
         rpc.shutdown(graceful=graceful)
 
 
