@@ -28,7 +28,7 @@ from towerflow.cluster import environment as _env
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, _same_place, split_address
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError, ConfigError
+from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError
 
 DEFAULT_JOIN_TIMEOUT = 60.0
 _SAY_EVERY = 5.0  # seconds between repeated waiting messages
@@ -63,10 +63,7 @@ def _rpc_transports_from_env() -> tuple:
     raw = os.environ.get(_env.ENV_RPC_TRANSPORTS, "").strip()
     if not raw:
         return _transport.DEFAULT_RPC_TRANSPORTS
-    try:
-        return _transport.check_rpc_transports([n.strip() for n in raw.split(",")], _env.ENV_RPC_TRANSPORTS)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    return _transport.check_rpc_transports([n.strip() for n in raw.split(",")], _env.ENV_RPC_TRANSPORTS)
 
 
 def _say(text: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from towerflow.errors import ClusterJoinError
+from towerflow.errors import ClusterJoinError, ConfigError
 
 Store = dist.Store
 
@@ -108,7 +108,7 @@ DEFAULT_RPC_TRANSPORTS = ("uv",)
 def check_rpc_transports(names: Sequence[str], source: str) -> Tuple[str, ...]:
     unknown = [n for n in names if n not in RPC_TRANSPORTS]
     if unknown or not names:
-        raise ValueError(
+        raise ConfigError(
             f"{source}={','.join(names)!r}: expected a comma-separated list of TensorPipe transports from "
             f"{', '.join(RPC_TRANSPORTS)} (e.g. 'uv' or 'uv,ibv'); unset it for the default {','.join(DEFAULT_RPC_TRANSPORTS)!r}"
         )
