@@ -24,9 +24,10 @@ import time
 import traceback
 from typing import Dict, List, Optional, Sequence
 
+from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import environment as _env
 from towerflow.cluster import transport as _transport
-from towerflow.cluster.spec import ClusterLike, ClusterSpec, _same_place, split_address
+from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError
 
@@ -135,11 +136,12 @@ class Server:
         start: bool = True,
         argv: Optional[Sequence[str]] = None,
     ):
+        source = "arguments"
         if cluster is None:
             info = _env.read_task(list(sys.argv[1:]) if argv is None else argv)
-            cluster, job_name, task_index = info.cluster, job_name or info.job_name, (
+            cluster, job_name, task_index, source = info.cluster, job_name or info.job_name, (
                 info.task_index if task_index is None else task_index
-            )
+            ), info.source
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         if job_name is None:
             if len(self.cluster.jobs) != 1:
@@ -151,6 +153,10 @@ class Server:
         self.job_name = job_name
         self.task_index = 0 if task_index is None else task_index
         self.address = self.cluster.task_address(self.job_name, self.task_index)  # validates job and index
+        # torchrun names the ranks after MASTER_ADDR (spec.from_torchrun): only rank 0's entry is its own
+        self.binding: Optional[_addresses.Binding] = None
+        if source != "torchrun" or self.is_coordinator:
+            self.binding = _addresses.binding_for(self.cluster, self.job_name, self.task_index)
         self.token = _env.read_token(token)
         raw = os.environ.get(_env.ENV_JOIN_TIMEOUT)
         self.join_timeout = float(join_timeout if join_timeout is not None else raw or DEFAULT_JOIN_TIMEOUT)
@@ -264,9 +270,9 @@ class Server:
         from towerflow.devices.logical import set_local_task
 
         set_local_task(self.job_name, self.task_index)  # device names and cached placements follow
-        hosts = [split_address(a)[0] for j in self.cluster.jobs for a in self.cluster.job_tasks(j)]
-        if all(_same_place(h) == "127.0.0.1" for h in hosts):
-            os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # TensorPipe listens on loopback too
+        if self.binding is not None:  # RPC (and any process group) on the interface of this task's address
+            for name, value in self.binding.socket_environment().items():
+                os.environ.setdefault(name, value)
 
     def _rank(self) -> int:
         # each incarnation needs its own RPC rank too: torch keeps a dead member's id taken
@@ -335,13 +341,9 @@ class Server:
         index = self.task_index if index is None else index
         return f"{kind}/{job}/{index}"
 
-    def _bind_host(self, host: str) -> str:
-        return "127.0.0.1" if _same_place(host) == "127.0.0.1" else host
-
     def _host(self) -> None:
-        host, port = split_address(self.address)
         try:
-            sock = _transport.listen(self._bind_host(host), port)
+            sock = _transport.listen(self.binding.host, self.binding.port)
         except OSError as e:
             raise self._bind_error(e, port_taken_by=None) from None
         self._store, self._nonce = _serve_store(sock, self.cluster, self.token, self.name, self.join_timeout)
@@ -370,20 +372,21 @@ class Server:
         )
 
     def _join_coordinator(self, deadline: float) -> None:
-        host, port = split_address(self.address)
         bind_error = None
-        try:
-            self._sock = _transport.listen(self._bind_host(host), port)
-        except OSError as e:
-            if e.errno != errno.EADDRNOTAVAIL:  # not this machine's address (torchrun names): nothing to hold
+        if self.binding is not None:  # None: a torchrun-named rank, whose entry is not its own address
+            try:
+                self._sock = _transport.listen(self.binding.host, self.binding.port)
+            except OSError as e:
                 bind_error = e
         if self._store_address is not None:
             c_address, c_name = self._store_address, "the launcher's rendezvous store"
+            c_host, c_port = split_address(c_address)
         else:
             coordinator = self.cluster.coordinator()
             c_address = self.cluster.task_address(coordinator.job, coordinator.task)
             c_name = _task_name(coordinator.job, coordinator.task)
-        c_host, c_port = split_address(c_address)
+            c_host, c_port = split_address(c_address)
+            c_host = _addresses.dial_host(self.cluster, c_host)
         n = len(self.cluster.tasks())
         said = time.monotonic() - _SAY_EVERY + 1.0  # first message after a second of waiting
         while not _transport.port_is_open(c_host, c_port):

@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import List, Optional, Sequence
 
+from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import environment as _env
 from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
@@ -132,13 +133,19 @@ def plan_one(
     logdir: Optional[str] = None,
     master_port: Optional[int] = None,
 ) -> LaunchPlan:
-    """One task of a multi-host cluster; the token comes from this host's environment, if any."""
+    """One task of a multi-host cluster; the token comes from this host's environment, if any.
+
+    The task's entry must be an address of this machine (checked here, before anything starts);
+    its interface is handed to gloo, TensorPipe and NCCL unless this environment names one.
+    """
     cluster = ClusterSpec.from_json(cluster_file)
-    cluster.task_address(job_name, task_index)
+    binding = _addresses.binding_for(cluster, job_name, task_index)
     replicas = cluster.replicas()
     first = replicas[0] if replicas else cluster.tasks()[0]
     host, port = split_address(cluster.task_address(first.job, first.task))
     if master_port is None:
         master_port = port + MASTER_PORT_OFFSET if port + MASTER_PORT_OFFSET <= 65535 else port - MASTER_PORT_OFFSET
-    env = _env.task_environment(cluster, job_name, task_index, master_addr=host, master_port=master_port, logdir=logdir)
+    master_addr = _addresses.dial_host(cluster, host)
+    env = _env.task_environment(cluster, job_name, task_index, master_addr=master_addr, master_port=master_port, logdir=logdir)
+    env.update({k: v for k, v in binding.socket_environment().items() if k not in os.environ})
     return LaunchPlan(cluster, [TaskProcessSpec(job_name, task_index, list(script_argv), env)])
