@@ -38,6 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", default=None, metavar="FILE", help="write the trained model's state_dict here (chief)")
     p.add_argument("--variables-on", "--variables_on", default="device", choices=["device", "cpu"])
     p.add_argument("--fail-at-step", type=int, default=None, help=argparse.SUPPRESS)  # tests: a replica raises
     return p.parse_args(argv)
@@ -70,6 +71,9 @@ def main(argv=None) -> float:
     )
     if args.logdir and strategy.is_chief:
         save_metrics(args.logdir, {**metrics, "global_step": strategy.global_step, "samples_per_sec": progress.samples_per_sec})
+    if args.save and strategy.is_chief:  # written whole or not at all
+        torch.save({k: v.detach().cpu() for k, v in strategy.unwrap(model).state_dict().items()}, args.save + ".tmp")
+        os.replace(args.save + ".tmp", args.save)
     strategy.print(f"test accuracy: {metrics['accuracy']:.4f}")
     strategy.shutdown()
     return metrics["accuracy"]

@@ -182,6 +182,25 @@ def _checked(info: TaskInfo) -> TaskInfo:
     return info
 
 
+DEFAULT_JOIN_TIMEOUT = 60.0
+
+
+def join_timeout(env: Optional[Mapping[str, str]] = None) -> float:
+    """TOWERFLOW_JOIN_TIMEOUT: seconds a task waits for the others to come up (default 60)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_JOIN_TIMEOUT) or ""
+    if not raw:
+        return DEFAULT_JOIN_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ClusterSpecError(f"{ENV_JOIN_TIMEOUT}={raw!r}: expected a positive number of seconds (default "
+                               f"{DEFAULT_JOIN_TIMEOUT:g}); unset it for the default")
+    return value
+
+
 def read_token(token: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """The cluster token: an explicit one, else TOWERFLOW_CLUSTER_TOKEN, else the file TOWERFLOW_CLUSTER_TOKEN_FILE."""
     env = os.environ if env is None else env

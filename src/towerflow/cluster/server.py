@@ -31,7 +31,7 @@ from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError
 
-DEFAULT_JOIN_TIMEOUT = 60.0
+DEFAULT_JOIN_TIMEOUT = _env.DEFAULT_JOIN_TIMEOUT
 _SAY_EVERY = 5.0  # seconds between repeated waiting messages
 _POLL = 0.1
 _BEAT_EVERY = 1.0  # each task bumps its heartbeat counter in the store this often
@@ -158,8 +158,7 @@ class Server:
         if source != "torchrun" or self.is_coordinator:
             self.binding = _addresses.binding_for(self.cluster, self.job_name, self.task_index)
         self.token = _env.read_token(token)
-        raw = os.environ.get(_env.ENV_JOIN_TIMEOUT)
-        self.join_timeout = float(join_timeout if join_timeout is not None else raw or DEFAULT_JOIN_TIMEOUT)
+        self.join_timeout = float(join_timeout) if join_timeout is not None else _env.join_timeout()
         self.rpc_timeout = rpc_timeout
         self._store = None
         self._store_address = os.environ.get(_env.ENV_STORE) or None  # the launcher's store, when it hosts one

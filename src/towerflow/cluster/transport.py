@@ -237,3 +237,11 @@ def deferred(fn: Callable) -> Callable:
     from torch.distributed import rpc
 
     return rpc.functions.async_execution(fn)
+
+
+def group_store(host: str, port: int, is_master: bool, timeout: float) -> dist.TCPStore:
+    """The store of a replicas' process group at MASTER_ADDR:MASTER_PORT: rank 0 serves it (not waiting
+    for the others: `replica_rendezvous` does that and names whoever is missing), the rest connect,
+    retrying until `timeout`."""
+    return dist.TCPStore(host, port, None, is_master, timeout=datetime.timedelta(seconds=timeout),
+                         wait_for_workers=False)

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from towerflow.cluster import replica_rendezvous
+from towerflow.cluster.environment import join_timeout
 from towerflow.errors import StrategyError
 from towerflow.strategies._devices import replica_device
 from towerflow.strategies.base import Strategy
@@ -101,9 +103,12 @@ class MirroredStrategy(Strategy):
         kwargs = {}
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
+        names = replica_rendezvous.replica_names(self.env.cluster, self.num_replicas_in_sync)
+        store = replica_rendezvous.join(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.replica_id, names,
+                                        join_timeout())
         dist.init_process_group(
             self.backend,
-            init_method="env://",
+            store=store,
             rank=self.replica_id,
             world_size=self.num_replicas_in_sync,
             timeout=datetime.timedelta(seconds=timeout_s),

@@ -1,0 +1,117 @@
+"""One cluster file, several machines: each host runs `towerflow launch --cluster ... --job_name ... --task_index ...`.
+
+The hosts are network namespaces on a bridge (netns.py), each with its own address and with its
+own hostname mapped to 127.0.0.1, as on a fresh Debian or Ubuntu machine; nothing else is set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+MNIST = REPO.parent / "shared" / "data" / "mnist-t10k"
+TOKEN = {"TOWERFLOW_CLUSTER_TOKEN": "multihost-test-token"}
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+
+def _mnist():
+    if not MNIST.is_dir():
+        pytest.skip(f"needs the MNIST-t10k files at {MNIST}")
+    return str(MNIST)
+
+
+def _cluster_file(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _accuracy(output: str) -> float:
+    found = re.findall(r"test accuracy: ([0-9.]+)", output)
+    assert found, f"no test accuracy in the output:\n{output[-3000:]}"
+    return float(found[-1])
+
+
+def test_ps_and_two_workers_on_three_hosts(hosts, tmp_path):
+    data = _mnist()
+    h = hosts(3)
+    cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "400"]
+    procs = [h.launch(h[0], cluster, "ps", 0, script, TOKEN),
+             h.launch(h[1], cluster, "worker", 0, script, TOKEN),
+             h.launch(h[2], cluster, "worker", 1, script, TOKEN)]
+    for p in procs:
+        assert p.wait(240) == 0, p.output[-4000:]
+    assert _accuracy(procs[1].output) >= 0.95
+    assert "Traceback" not in "".join(p.output for p in procs)
+
+
+def test_allreduce_on_two_hosts_matches_one_host(hosts, tmp_path):
+    import torch
+
+    from _launch import launch  # tests/ps/_launch.py: the embedded cluster on this machine
+
+    data = _mnist()
+    h = hosts(2)
+    cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222", f"{h[1].name}:2222"]})
+    two_hosts = tmp_path / "two-hosts.pt"
+    script = ["examples/mnist_sync.py", "--data", data, "--steps", "120", "--seed", "3"]
+    procs = [h.launch(h[i], cluster, "worker", i, [*script, "--save", str(two_hosts)], TOKEN) for i in range(2)]
+    for p in procs:
+        assert p.wait(240) == 0, p.output[-4000:]
+    assert _accuracy(procs[0].output) >= 0.9
+
+    one_host = tmp_path / "one-host.pt"
+    launch(["--workers", "2", *script, "--save", str(one_host)], timeout=240)
+    a, b = torch.load(two_hosts), torch.load(one_host)
+    assert a.keys() == b.keys()
+    worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    assert worst <= 1e-6, f"two hosts and one host trained different parameters (max difference {worst:g})"
+
+
+@pytest.mark.parametrize("kind", ["parameter-server", "all-reduce"])
+def test_a_lonely_task_names_the_missing_one_within_the_join_timeout(hosts, tmp_path, kind):
+    h = hosts(2)
+    spec = ({"ps": [f"{h[1].name}:2222"], "worker": [f"{h[0].name}:2222"]} if kind == "parameter-server"
+            else {"worker": [f"{h[0].name}:2222", f"{h[1].name}:2222"]})
+    missing = "/job:ps/task:0" if kind == "parameter-server" else "/job:worker/task:1"
+    cluster = _cluster_file(tmp_path, spec)
+    script = ["examples/mnist_ps.py" if kind == "parameter-server" else "examples/mnist_sync.py", "--steps", "5"]
+    started = time.monotonic()
+    lonely = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "8"})
+    code = lonely.wait(60)
+    took = time.monotonic() - started
+    out = lonely.output
+    assert code != 0
+    assert took < 8 + 15, f"the lonely task took {took:.0f} s to give up (join timeout 8 s)"
+    assert f"{missing} at {h[1].name}:2222" in out, out[-3000:]
+    assert "gave up after 8 s" in out
+
+
+def test_a_task_with_the_wrong_token_is_refused(hosts, tmp_path):
+    h = hosts(2)
+    cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222"], "ps": [f"{h[1].name}:2222"]})
+    script = ["examples/mnist_ps.py", "--steps", "5"]
+    coordinator = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "20"})
+    intruder = h.launch(h[1], cluster, "ps", 0, script, {"TOWERFLOW_CLUSTER_TOKEN": "not-the-token",
+                                                         "TOWERFLOW_JOIN_TIMEOUT": "20"})
+    assert intruder.wait(60) != 0
+    assert "wrong cluster token" in intruder.output, intruder.output[-3000:]
+    assert coordinator.wait(60) != 0  # and the coordinator never counted it
+    assert "/job:ps/task:0" in coordinator.output
+
+
+def test_an_address_no_interface_owns_fails_at_once(hosts, tmp_path):
+    h = hosts(2)
+    cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222", f"{h[1].name}:2222"]})
+    wrong = h.launch(h[0], cluster, "worker", 1, ["examples/mnist_sync.py", "--steps", "5"], TOKEN)
+    assert wrong.wait(30) == 2
+    out = wrong.output
+    assert f"/job:worker/task:1 is at '{h[1].name}:2222'" in out and h[0].address in out, out[-3000:]
+    assert "Traceback" not in out
