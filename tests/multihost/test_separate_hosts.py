@@ -115,3 +115,29 @@ def test_an_address_no_interface_owns_fails_at_once(hosts, tmp_path):
     out = wrong.output
     assert f"/job:worker/task:1 is at '{h[1].name}:2222'" in out and h[0].address in out, out[-3000:]
     assert "Traceback" not in out
+
+
+def test_the_ps_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_path):
+    from netns import wait_for
+
+    data = _mnist()
+    h = hosts(3)
+    cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
+    env = {**TOKEN, "TOWERFLOW_HEARTBEAT_TIMEOUT": "4", "TOWERFLOW_JOIN_TIMEOUT": "20"}
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "100000"]
+    procs = [h.launch(h[0], cluster, "ps", 0, script, env),
+             h.launch(h[1], cluster, "worker", 0, script, env),
+             h.launch(h[2], cluster, "worker", 1, script, env)]
+    wait_for(lambda: re.search(r"step \d+/", procs[1].output), 120, "worker 0 to report training steps")
+    h[0].link(up=False)
+    cut = time.monotonic()
+    try:
+        codes = [p.wait(60) for p in procs[1:]]
+        took = time.monotonic() - cut
+    finally:
+        h[0].link(up=True)
+    assert all(c != 0 for c in codes), codes
+    assert took < 4 + 20, f"the workers took {took:.0f} s to give up on the cut-off ps (heartbeat timeout 4 s)"
+    for p in procs[1:]:
+        assert f"/job:ps/task:0 at {h[0].name}:2222 stopped answering" in p.output, p.output[-3000:]
+    assert procs[0].wait(60) != 0  # the ps, alone on its side of the cut, does not hang either

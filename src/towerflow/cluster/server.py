@@ -562,13 +562,14 @@ class Server:
             raise ClusterError(f"{self.name} lost the cluster's coordinator while waiting for the others: {e}") from None
         self._close(graceful=True)
 
-    def check_peers(self, seen: Dict[str, tuple]) -> None:
+    def check_peers(self, seen: Dict[str, tuple], serving: Sequence[str] = ()) -> None:
         """Raise ClusterError when another task that has not finished has stopped beating for longer
         than it could take to come back (see `join`). Call it repeatedly with the same `seen` dict
-        while waiting on other tasks, so that a dead one ends the wait instead of hanging it."""
+        while waiting on other tasks, so that a dead one ends the wait instead of hanging it.
+        Tasks of the jobs in `serving` (a worker waiting on the ps) are watched even once done."""
         me = (self.job_name, self.task_index)
-        running = [t for t in self.cluster.tasks()
-                   if (t.job, t.task) != me and not self._store.check([self._key("done", t.job, t.task)])]
+        running = [t for t in self.cluster.tasks() if (t.job, t.task) != me and (
+                   t.job in serving or not self._store.check([self._key("done", t.job, t.task)]))]
         self._check_heartbeats(running, seen)
 
     def _start_heartbeat(self) -> None:

@@ -303,7 +303,7 @@ class ParameterServerStrategy(Strategy):
             raise
 
     def _wait(self, ch: "_Channel", future) -> Any:
-        if self.mode != "async" and not future.done():
+        if not future.done():  # a ps cut off by the network never fails the call: its heartbeat says it
             self._watch_peers_until(future)
         try:
             return future.wait()
@@ -313,13 +313,14 @@ class ParameterServerStrategy(Strategy):
             raise
 
     def _watch_peers_until(self, future) -> None:
-        """A sync or ssp pull waits for other workers; while it waits, watch their heartbeats, so that
-        one that died (and cannot be back in time) ends the wait with an error naming it, not a hang."""
+        """While a call waits (on the ps; a sync or ssp pull also on other workers), watch the heartbeats,
+        so that a task that died or was cut off (and cannot be back in time) ends the wait with an error
+        naming it, not a hang."""
         ready = threading.Event()
         future.add_done_callback(lambda _f: ready.set())
         seen: Dict[str, tuple] = {}
         while not ready.wait(1.0):
-            self.server.check_peers(seen)
+            self.server.check_peers(seen, serving=("ps",))
 
     def _on_all(self, fn: Callable, *args: Any) -> List[Any]:
         """fn(model, *args) on every ps task at once; their results in channel order."""
