@@ -42,10 +42,10 @@ def unavailable() -> Optional[str]:
 
 
 class Host:
-    """One machine: a network namespace with an address, a hostname and an /etc/hosts."""
+    """One machine: a network namespace with an IPv4 and an IPv6 address, a hostname and an /etc/hosts."""
 
-    def __init__(self, name: str, address: str, netns: str):
-        self.name, self.address, self.netns = name, address, netns
+    def __init__(self, name: str, address: str, address6: str, netns: str):
+        self.name, self.address, self.address6, self.netns = name, address, address6, netns
 
     def command(self, argv: Sequence[str]) -> List[str]:
         """argv run on this host: in its network namespace, with its hostname and /etc/hosts."""
@@ -96,7 +96,8 @@ class Hosts:
         self.workdir = workdir
         self.switch = f"tfsw{self.tag}"
         subnet = 10 + int(self.tag, 16) % 200
-        self.hosts = [Host(f"tfh{self.tag}-{i}", f"10.213.{subnet}.{i + 1}", f"tfh{self.tag}-{i}") for i in range(n)]
+        self.hosts = [Host(f"tfh{self.tag}-{i}", f"10.213.{subnet}.{i + 1}", f"fd00:213:{subnet:x}::{i + 1}",
+                           f"tfh{self.tag}-{i}") for i in range(n)]
         self.procs: List[Proc] = []
         try:
             self._build()
@@ -116,6 +117,7 @@ class Hosts:
             _ip("-n", self.switch, "link", "set", veth, "master", "br0")
             _ip("-n", self.switch, "link", "set", veth, "up")
             _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
+            _ip("-n", h.netns, "addr", "add", f"{h.address6}/64", "dev", "eth0", "nodad")
             _ip("-n", h.netns, "link", "set", "eth0", "up")
             _ip("-n", h.netns, "link", "set", "lo", "up")
             etc = Path("/etc/netns") / h.netns

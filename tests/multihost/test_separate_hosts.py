@@ -141,3 +141,34 @@ def test_the_ps_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_
     for p in procs[1:]:
         assert f"/job:ps/task:0 at {h[0].name}:2222 stopped answering" in p.output, p.output[-3000:]
     assert procs[0].wait(60) != 0  # the ps, alone on its side of the cut, does not hang either
+
+
+def test_a_worker_host_that_loses_every_process_comes_back_and_the_job_finishes(hosts, tmp_path):
+    from netns import wait_for
+
+    data = _mnist()
+    h = hosts(3)
+    cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "500"]
+    flags = ["--max-restarts", "1"]  # on every host: the others wait for a lost task to come back
+    ps = h.launch(h[0], cluster, "ps", 0, script, TOKEN, flags)
+    chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)
+    lost = h.launch(h[2], cluster, "worker", 1, script, TOKEN, flags)
+    wait_for(lambda: re.search(r"step \d+/", chief.output), 120, "the chief to report training steps")
+    lost.kill()  # the launcher and its task: the host lost every process
+    back = h.launch(h[2], cluster, "worker", 1, script, TOKEN, flags)  # what its operator does next
+    for p in (ps, chief, back):
+        assert p.wait(240) == 0, p.output[-4000:]
+    assert "rejoined the cluster (restart 1)" in back.output, back.output[-3000:]
+    assert _accuracy(chief.output) >= 0.95
+
+
+def test_ipv6_addresses_in_the_cluster_file(hosts, tmp_path):
+    h = hosts(2)
+    cluster = _cluster_file(tmp_path, {"ps": [f"[{h[0].address6}]:2222"], "worker": [f"[{h[1].address6}]:2222"]})
+    script = ["examples/linear_regression_ps.py"]
+    procs = [h.launch(h[0], cluster, "ps", 0, script, TOKEN), h.launch(h[1], cluster, "worker", 0, script, TOKEN)]
+    for p in procs:
+        assert p.wait(120) == 0, p.output[-3000:]
+    w, b = map(float, re.search(r"final: w: ([-0-9.]+), b: ([-0-9.]+)", procs[1].output).groups())
+    assert abs(w - 2.0) < 0.1 and abs(b - 0.2) < 0.1  # y = 2x + 0.2 + noise, learned through the ps

@@ -448,14 +448,19 @@ class Server:
         return self._store.get(key)
 
     def _claim_slot(self) -> None:
-        mine = json.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(), "incarnation": self.incarnation,
-             "proof": _proof(self.token, self._nonce, self.name)}
-        )
+        def claim() -> str:
+            return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "incarnation": self.incarnation,
+                               "proof": _proof(self.token, self._nonce, self.name)})
+
+        mine = claim()
         held = self._store.compare_set(self._key("slot"), "", mine).decode()
-        if held != mine and self.incarnation > 0:  # restarted: take over the slot if its holder is dead
+        if held != mine:  # taken: by a dead incarnation of this task, this one takes over
             other = json.loads(held)
-            if other.get("incarnation", 0) < self.incarnation and self._holder_is_dead(other):
+            previous = other.get("incarnation", 0)
+            if (previous < self.incarnation or self.incarnation == 0) and self._holder_is_dead(other):
+                # incarnation 0 here: a new launcher on a host that lost every process, not a restart by ours
+                self.incarnation = max(self.incarnation, previous + 1)
+                mine = claim()
                 held = self._store.compare_set(self._key("slot"), held, mine).decode()
         if held != mine:
             other = json.loads(held)
