@@ -47,3 +47,28 @@ def test_a_task_that_raises_makes_the_others_fail_with_its_traceback(procs):
     assert w0.wait(45) == 1 and w1.wait(45) == 1, procs.describe()
     assert "RuntimeError: task broke on purpose" in w0.err
     assert "ClusterError: /job:worker/task:0 failed: Traceback" in w1.err and "task broke on purpose" in w1.err, procs.describe()
+
+
+def test_a_call_to_a_task_that_went_silent_fails_naming_it(procs, tmp_path):
+    """A task stopped (SIGSTOP: hung, or its host cut off) never fails the call; its heartbeat ends the wait."""
+    import os
+    import signal
+
+    from _cluster_procs import wait_until
+
+    cluster = json.dumps({"worker": [f"localhost:{p}" for p in free_ports(2)]})
+    env = {"TOWERFLOW_HEARTBEAT_TIMEOUT": "2"}
+    go = tmp_path / "go"
+    w0 = procs.python("_cluster_serve.py", cluster, "worker", "0", "call", str(go), env=env, label="worker0")
+    w1 = procs.python("_cluster_serve.py", cluster, "worker", "1", "busy", env=env, label="worker1")
+    wait_until(lambda: "UP" in w0.out and "UP" in w1.out, 45, "both tasks up")
+    os.kill(w1.popen.pid, signal.SIGSTOP)
+    try:
+        go.touch()
+        assert w0.wait(30) == 0, procs.describe()
+    finally:
+        os.kill(w1.popen.pid, signal.SIGCONT)
+    line = next((l for l in w0.out.splitlines() if l.startswith("CALL")), "")
+    assert line.startswith("CALL FAILED"), procs.describe()
+    assert "/job:worker/task:1 at localhost:" in line and "stopped answering" in line, line
+    assert float(line.split("after ")[1].split(" s")[0]) < 2 + 5

@@ -131,16 +131,22 @@ def _run(fn_bytes: Any, device: Optional[str], args: tuple, kwargs: dict) -> Any
 class RemoteFuture:
     """The pending result of a remote call: `result()` waits and returns it, or raises what the task raised."""
 
-    def __init__(self, future: torch.futures.Future, task: str):
+    def __init__(self, future: torch.futures.Future, task: str, watch=None):
         self._future = future
         self.task = task
+        self._watch = watch  # (server, (job, index)): a remote task's heartbeat, watched while waiting
 
     def done(self) -> bool:
         return self._future.done()
 
     def result(self) -> Any:
         try:
+            if self._watch is not None:  # a task killed or cut off never fails the call: its heartbeat stops
+                server, task = self._watch
+                server.wait_watching(self._future, task=task)
             value = self._future.wait()
+        except ClusterError:
+            raise
         except Exception as e:  # the call itself failed: task gone, timeout
             raise ClusterError(f"remote call to {self.task} failed: {e}", task=self.task) from None
         if isinstance(value, _Failure):
@@ -214,7 +220,7 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
     fut = _transport.call_async(
         server.rpc_name_of(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
     )
-    return RemoteFuture(fut, f"/job:{job}/task:{index}")
+    return RemoteFuture(fut, f"/job:{job}/task:{index}", watch=(server, (job, index)))
 
 
 class _Function:

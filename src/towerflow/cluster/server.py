@@ -577,6 +577,21 @@ class Server:
                    t.job in serving or not self._store.check([self._key("done", t.job, t.task)]))]
         self._check_heartbeats(running, seen)
 
+    def wait_watching(self, future, serving: Sequence[str] = (), task: Optional[tuple] = None, every: float = 1.0) -> None:
+        """Return once the torch `future` is done. Meanwhile watch heartbeats (of `task` = (job, index)
+        only, or of every running task and the jobs in `serving`), so that a call to a task that died or
+        was cut off by the network ends with ClusterError naming it instead of waiting forever."""
+        if future.done():
+            return
+        ready = threading.Event()
+        future.add_done_callback(lambda _f: ready.set())
+        seen: Dict[str, tuple] = {}
+        while not ready.wait(every):
+            if task is not None:
+                self._check_heartbeats([DeviceSpec(job=task[0], replica=0, task=task[1])], seen)
+            else:
+                self.check_peers(seen, serving)
+
     def _start_heartbeat(self) -> None:
         store, key = self._store, self._key("beat")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import os
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -303,24 +302,15 @@ class ParameterServerStrategy(Strategy):
             raise
 
     def _wait(self, ch: "_Channel", future) -> Any:
-        if not future.done():  # a ps cut off by the network never fails the call: its heartbeat says it
-            self._watch_peers_until(future)
+        # a ps cut off by the network never fails the call, and a sync or ssp pull also waits on other
+        # workers: their heartbeats say when to stop waiting
+        self.server.wait_watching(future, serving=("ps",))
         try:
             return future.wait()
         except RuntimeError as e:
             if _transport.is_peer_lost(e):
                 raise _PSLost(ch.task, ch.to, e) from e
             raise
-
-    def _watch_peers_until(self, future) -> None:
-        """While a call waits (on the ps; a sync or ssp pull also on other workers), watch the heartbeats,
-        so that a task that died or was cut off (and cannot be back in time) ends the wait with an error
-        naming it, not a hang."""
-        ready = threading.Event()
-        future.add_done_callback(lambda _f: ready.set())
-        seen: Dict[str, tuple] = {}
-        while not ready.wait(1.0):
-            self.server.check_peers(seen, serving=("ps",))
 
     def _on_all(self, fn: Callable, *args: Any) -> List[Any]:
         """fn(model, *args) on every ps task at once; their results in channel order."""
