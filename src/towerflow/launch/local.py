@@ -78,6 +78,11 @@ def parse_devices(devices: str) -> List[str]:
     return out
 
 
+def _interface_environment(binding: _addresses.Binding) -> dict:
+    """GLOO_/TP_/NCCL_SOCKET_IFNAME for a task, each unless the launching environment chose one."""
+    return {k: v for k, v in binding.socket_environment().items() if k not in os.environ}
+
+
 def plan_local(
     script_argv: List[str],
     ps: int = 0,
@@ -119,6 +124,7 @@ def plan_local(
             cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port,
             logdir=logdir, device=device, token=token, store=store_address,
         )
+        env.update(_interface_environment(_addresses.binding_for(cluster, t.job, t.task)))
         tasks.append(TaskProcessSpec(t.job, t.task, list(script_argv), env))
     # all-reduce replicas (no ps) share one process group that a lost member breaks: restart all of them
     scope = "group" if not ps and len(tasks) > 1 else "task"
@@ -147,5 +153,5 @@ def plan_one(
         master_port = port + MASTER_PORT_OFFSET if port + MASTER_PORT_OFFSET <= 65535 else port - MASTER_PORT_OFFSET
     master_addr = _addresses.dial_host(cluster, host)
     env = _env.task_environment(cluster, job_name, task_index, master_addr=master_addr, master_port=master_port, logdir=logdir)
-    env.update({k: v for k, v in binding.socket_environment().items() if k not in os.environ})
+    env.update(_interface_environment(binding))
     return LaunchPlan(cluster, [TaskProcessSpec(job_name, task_index, list(script_argv), env)])
