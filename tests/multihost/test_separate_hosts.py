@@ -172,3 +172,26 @@ def test_ipv6_addresses_in_the_cluster_file(hosts, tmp_path):
         assert p.wait(120) == 0, p.output[-3000:]
     w, b = map(float, re.search(r"final: w: ([-0-9.]+), b: ([-0-9.]+)", procs[1].output).groups())
     assert abs(w - 2.0) < 0.1 and abs(b - 0.2) < 0.1  # y = 2x + 0.2 + noise, learned through the ps
+
+
+def test_an_allreduce_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_path):
+    from netns import wait_for
+
+    data = _mnist()
+    h = hosts(2)
+    cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222", f"{h[1].name}:2222"]})
+    env = {**TOKEN, "TOWERFLOW_HEARTBEAT_TIMEOUT": "4"}
+    script = ["examples/mnist_sync.py", "--data", data, "--steps", "100000"]
+    procs = [h.launch(h[i], cluster, "worker", i, script, env) for i in range(2)]
+    wait_for(lambda: re.search(r"train step \d+/", procs[0].output), 120, "worker 0 to report training steps")
+    h[1].link(up=False)
+    cut = time.monotonic()
+    try:
+        code = procs[0].wait(60)
+        took = time.monotonic() - cut
+        assert procs[1].wait(60) != 0  # the cut-off one, alone, does not hang either
+    finally:
+        h[1].link(up=True)
+    assert code != 0
+    assert took < 4 + 10, f"worker 0 took {took:.0f} s to give up on the cut-off replica (heartbeat timeout 4 s)"
+    assert f"/job:worker/task:1 at {h[1].name}:2222 stopped answering" in procs[0].output, procs[0].output[-3000:]

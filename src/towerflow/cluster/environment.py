@@ -183,21 +183,31 @@ def _checked(info: TaskInfo) -> TaskInfo:
 
 
 DEFAULT_JOIN_TIMEOUT = 60.0
+DEFAULT_HEARTBEAT_TIMEOUT = 15.0
 
 
 def join_timeout(env: Optional[Mapping[str, str]] = None) -> float:
     """TOWERFLOW_JOIN_TIMEOUT: seconds a task waits for the others to come up (default 60)."""
+    return _seconds(ENV_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT, env)
+
+
+def heartbeat_timeout(env: Optional[Mapping[str, str]] = None) -> float:
+    """TOWERFLOW_HEARTBEAT_TIMEOUT: seconds of silence before a task counts as dead (default 15)."""
+    return _seconds(ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, env)
+
+
+def _seconds(name: str, default: float, env: Optional[Mapping[str, str]]) -> float:
     env = os.environ if env is None else env
-    raw = env.get(ENV_JOIN_TIMEOUT) or ""
+    raw = env.get(name) or ""
     if not raw:
-        return DEFAULT_JOIN_TIMEOUT
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ClusterSpecError(f"{ENV_JOIN_TIMEOUT}={raw!r}: expected a positive number of seconds (default "
-                               f"{DEFAULT_JOIN_TIMEOUT:g}); unset it for the default")
+        raise ClusterSpecError(f"{name}={raw!r}: expected a positive number of seconds (default {default:g}); "
+                               "unset it for the default")
     return value
 
 

@@ -8,9 +8,11 @@ timeout is named with its address; the store is then handed to `init_process_gro
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ClusterError, ClusterTimeoutError
@@ -66,3 +68,78 @@ def join(master_addr: str, master_port: int, rank: int, names: Sequence[str], ti
                   file=sys.stderr, flush=True)
             said = now
         time.sleep(_POLL)
+
+
+class Heartbeat:
+    """Every replica beats in the group's store; a thread watches the others.
+
+    A collective waiting on a replica that hangs or whose host is cut off from the network waits
+    the whole collective timeout (gloo sees no error: the connection just goes quiet). When a
+    replica that has not finished stops beating for `timeout` seconds, this one says which, and
+    where, and exits, so that the launcher reports it and, with --max-restarts, restarts the group.
+    """
+
+    def __init__(self, master_addr: str, master_port: int, rank: int, names: Sequence[str], timeout: float,
+                 store: Optional[_transport.Store] = None, every: float = 1.0):
+        self.rank, self.names, self.timeout, self.every = rank, list(names), timeout, every
+        # rank 0 uses the store it serves; the others their own connection with a short timeout, so
+        # that a cut-off rank 0 makes a store call fail instead of blocking the watch
+        self._store = store if rank == 0 and store is not None else _transport.group_store(
+            master_addr, master_port, False, timeout)
+        self._stop = threading.Event()
+        self._last_contact = time.monotonic()  # when the store last answered
+        self._threads = [threading.Thread(target=self._beat, name="towerflow-replica-heartbeat", daemon=True),
+                         threading.Thread(target=self._watch_store, name="towerflow-replica-store-watch", daemon=True)]
+
+    def start(self) -> "Heartbeat":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def finish(self) -> None:
+        """This replica is done: the others stop watching it (an exit after this is not a loss)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            self._store.set(f"towerflow/done/{self.rank}", "1")
+        except RuntimeError:
+            pass
+
+    def _beat(self) -> None:
+        seen: Dict[int, tuple] = {}  # rank -> (beat count, when it last changed)
+        while not self._stop.wait(self.every):
+            try:
+                self._store.add(f"towerflow/beat/{self.rank}", 1)
+                silent = self._silent(seen, time.monotonic())
+            except RuntimeError:  # the store failed: _watch_store counts the silence
+                continue
+            self._last_contact = time.monotonic()
+            if silent is not None and not self._stop.is_set():
+                self._lost(*silent)
+
+    def _watch_store(self) -> None:
+        """A store call to a rank 0 cut off by the network may block rather than fail: watch the clock."""
+        while not self._stop.wait(self.every):
+            quiet = time.monotonic() - self._last_contact
+            if quiet > self.timeout + self.every and not self._stop.is_set():
+                self._lost(0, quiet)
+
+    def _silent(self, seen: Dict[int, tuple], now: float) -> Optional[tuple]:
+        for r in range(len(self.names)):
+            if r == self.rank or self._store.check([f"towerflow/done/{r}"]):
+                continue
+            count = self._store.add(f"towerflow/beat/{r}", 0)
+            if r not in seen or seen[r][0] != count:
+                seen[r] = (count, now)
+            elif now - seen[r][1] > self.timeout:
+                return r, now - seen[r][1]
+        return None
+
+    def _lost(self, rank: int, silent: float) -> None:
+        print(f"towerflow: {self.names[self.rank]}: {self.names[rank]} stopped answering: no heartbeat for "
+              f"{silent:.0f} s and it never finished (killed, hung, or its host cut off). The all-reduce cannot go on "
+              "without it; this replica exits. Launch with --max-restarts N to restart the replicas from the newest "
+              "checkpoint (the wait is TOWERFLOW_HEARTBEAT_TIMEOUT).", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # the main thread is inside a collective that cannot be interrupted

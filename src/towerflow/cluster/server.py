@@ -35,7 +35,7 @@ DEFAULT_JOIN_TIMEOUT = _env.DEFAULT_JOIN_TIMEOUT
 _SAY_EVERY = 5.0  # seconds between repeated waiting messages
 _POLL = 0.1
 _BEAT_EVERY = 1.0  # each task bumps its heartbeat counter in the store this often
-DEFAULT_HEARTBEAT_TIMEOUT = 15.0
+DEFAULT_HEARTBEAT_TIMEOUT = _env.DEFAULT_HEARTBEAT_TIMEOUT
 
 _current: Optional["Server"] = None  # this process's server; one per process, as in TF
 _current_lock = threading.Lock()
@@ -169,7 +169,7 @@ class Server:
         self._failure: Optional[str] = None
         self._beating = threading.Event()
         self._beat_thread: Optional[threading.Thread] = None
-        self.heartbeat_timeout = float(os.environ.get(_env.ENV_HEARTBEAT_TIMEOUT) or DEFAULT_HEARTBEAT_TIMEOUT)
+        self.heartbeat_timeout = _env.heartbeat_timeout()
         self.rpc_transports = _rpc_transports_from_env()
         self.incarnation = _int_from_env(_env.ENV_RESTART_COUNT)  # 0, or how often the launcher restarted this task
         self.max_restarts = _int_from_env(_env.ENV_MAX_RESTARTS)  # a silent task may come back while below this

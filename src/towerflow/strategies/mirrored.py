@@ -12,6 +12,7 @@ the CPU copies, and the new values go back to the device.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import sys
@@ -24,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from towerflow.cluster import replica_rendezvous
-from towerflow.cluster.environment import join_timeout
+from towerflow.cluster.environment import heartbeat_timeout, join_timeout
 from towerflow.errors import StrategyError
 from towerflow.strategies._devices import replica_device
 from towerflow.strategies.base import Strategy
@@ -61,6 +62,7 @@ class MirroredStrategy(Strategy):
         self.backend = backend or self._pick_backend(device, env)
         self._owns_group = False
         self._host_group = None
+        self._heartbeat: Optional[replica_rendezvous.Heartbeat] = None
         if env.is_distributed:
             self._init_group(timeout_s)
             _install_failure_report(env)
@@ -104,8 +106,11 @@ class MirroredStrategy(Strategy):
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
         names = replica_rendezvous.replica_names(self.env.cluster, self.num_replicas_in_sync)
-        store = replica_rendezvous.join(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.replica_id, names,
-                                        join_timeout())
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = replica_rendezvous.join(addr, port, self.replica_id, names, join_timeout())
+        self._heartbeat = replica_rendezvous.Heartbeat(addr, port, self.replica_id, names, heartbeat_timeout(),
+                                                       store=store).start()
+        atexit.register(self._heartbeat.finish)
         dist.init_process_group(
             self.backend,
             store=store,
@@ -168,6 +173,8 @@ class MirroredStrategy(Strategy):
             dist.barrier(**({"device_ids": [self.device.index]} if self.backend == "nccl" else {}))
 
     def shutdown(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.finish()
         if self._owns_group and dist.is_initialized():
             # Every replica reaches here before any tears down: a replica destroying its group
             # (and rank 0 taking the rendezvous store with it) while a peer is still mid-collective
