@@ -24,6 +24,7 @@ import time
 import traceback
 from typing import Dict, List, Optional, Sequence
 
+from towerflow.cluster import ending as _ending
 from towerflow.cluster import environment as _env
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, _same_place, split_address
@@ -237,6 +238,7 @@ class Server:
             else:
                 self._join_coordinator(deadline)
             self._claim_slot()
+            _ending.rejoin_or_exit(self)  # a restarted incarnation whose earlier one had finished: see ending.py
             self._wait_for_all("slot", deadline, "tasks up")
             me = rpc_name(self.job_name, self.task_index, self.incarnation)
             if self.incarnation == 0:
@@ -256,8 +258,7 @@ class Server:
         self._started = True
         self._install_exit_hooks()
         if self.incarnation > 0:
-            _say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member "
-                 f"{rpc_name(self.job_name, self.task_index, self.incarnation)}; dropped the dead {self.replaced or 'none'}")
+            _say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member {me}; dropped the dead {self.replaced or 'none'}")
         return self
 
     def _set_local_task(self) -> None:
@@ -537,8 +538,8 @@ class Server:
                         self._store.set(self._key("left"), "1")  # lets a failed coordinator stop waiting for us
                         raise ClusterError(f"{_task_name(t.job, t.task)} failed: {reason}", task=_task_name(t.job, t.task))
                 missing = [t for t in tasks if not self._store.check([self._key("done", t.job, t.task)])]
-                if not missing:
-                    break
+                if not missing and _ending.try_end(self._store, [self._key("done", t.job, t.task) for t in tasks]):
+                    break  # ended once for all: a restarted incarnation now finds it so and does not rejoin
                 self._check_heartbeats(missing, seen)
                 if deadline is not None and time.monotonic() > deadline:
                     raise ClusterTimeoutError(

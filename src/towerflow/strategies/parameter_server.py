@@ -255,7 +255,8 @@ class ParameterServerStrategy(Strategy):
                 self._wait(ch, f)
         if self.server.incarnation > 0:  # restarted: go on from the ps's step, with the clock its pushes set
             rejoined = self._on_all(_service._rpc_rejoin, self.replica_id, True, not self.is_chief)
-            self._pushes = max((p for _, p in rejoined), default=0)
+            self._pushes = max((p for _, p, _ in rejoined), default=0)
+            self._finished = any(done for _, _, done in rejoined)  # killed after finish(): it trains no more
         elif not self.is_chief:
             self._on_all(_service._rpc_wait_ready)
         self._install(self._pull(clock=self._pushes))
@@ -279,10 +280,11 @@ class ParameterServerStrategy(Strategy):
 
         died = os.environ.get(_env.ENV_RESTARTED_AT)
         down = f"; down {time.time() - float(died):.2f} s from its death to rejoining" if died else ""
+        lost = ("nothing: it had finished training before it was killed, so it trains no more" if self._finished
+                else "the gradient it was computing and its place in its data")
         print(
             f"towerflow: {self.server.name} rejoined training (restart {self.server.incarnation}) at global step "
-            f"{self.global_step}; the ps kept its {self._pushes} earlier pushes; lost: the gradient it was computing "
-            f"and its place in its data{down}",
+            f"{self.global_step}; the ps kept its {self._pushes} earlier pushes; lost: {lost}{down}",
             file=sys.stderr, flush=True,
         )
 
@@ -400,7 +402,7 @@ class ParameterServerStrategy(Strategy):
         if self.is_chief:
             source = self._restore_ps()
         clocks = self._on_all(_service._rpc_rejoin, self.replica_id, False, True)
-        self._pushes = max((p for _, p in clocks), default=0)
+        self._pushes = max((p for _, p, _ in clocks), default=0)
         self._install(self._pull(self._pushes))
         took = time.monotonic() - seen
         record = {"ps_task": lost.task, "lost_at_step": before, "resumed_at_step": self.global_step,
@@ -474,6 +476,12 @@ class ParameterServerStrategy(Strategy):
     def reduce(self, value: Any, op: str = "mean") -> torch.Tensor:
         """This worker's value: ps workers share no process group (evaluate on the chief)."""
         return super().reduce(value, op)
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether this worker has said it is done (`finish`), or was restarted after it had: it pushes
+        no more. MonitoredTrainingSession.should_stop() is true then; a loop of its own should test it."""
+        return self._finished
 
     def finish(self) -> None:
         """Say this worker is done (slower peers stop waiting for it); waits for its pushes first."""
@@ -563,6 +571,14 @@ class _PSOptimizer:
     def step(self, closure=None) -> None:
         if closure is not None:
             raise StrategyError("step(closure) is not supported with parameter servers: call step() after backward()")
+        if self.strategy.is_finished:
+            server = self.strategy.server
+            why = (f"restart {server.incarnation}: its earlier incarnation had finished training before it was killed"
+                   if server.incarnation else "it called finish()")
+            raise ParameterServerError(
+                f"{server.name} has finished training ({why}), so the ps takes no more of its gradients. End the "
+                "training loop when `strategy.is_finished` is true (MonitoredTrainingSession.should_stop() is then)."
+            )
         if self.clip_grad_norm is not None:
             self.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(
                 [p for p in self.params if p.grad is not None], self.clip_grad_norm))
