@@ -218,6 +218,8 @@ class Coordinator:
             "max_staleness": self.max_staleness,
             "restores": self.restores,
             "dropped_after_restore": self.dropped_after_restore,
+            "held_from": sorted(self.held),  # sync: workers whose gradient of this step waits for the others'
+            "waiting_pulls": sorted(r.worker for r in self.waiting),  # workers whose pull waits (sync, ssp)
         }
 
     def __repr__(self) -> str:
