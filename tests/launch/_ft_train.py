@@ -13,7 +13,7 @@ DIR/kill-me when it is there, so that the test's SIGKILL lands exactly then (no 
 
 * before_first_step: in the cluster (RPC joined), before setup: it waits there to be killed;
 * finished: after finish() and with its done said (Server.join), while the chief trains on
-  until it sees worker 1 rejoin;
+  until it sees worker 1 rejoin (then stops: the rejoined worker trains no more);
 * ended: as finished, but the chief ends the cluster once the test has written DIR/killed, without
   waiting for worker 1, and the restarted worker 1 starts its Server only once the cluster has
   ended (the order of the failure issue 13 reported);
@@ -111,7 +111,7 @@ def chief_waits() -> bool:
     if rejoined_at is None and local % 20 == 0:
         if ps_view()["rejoins_by_worker"].get(1):
             rejoined_at = strategy.global_step
-    return rejoined_at is None or strategy.global_step < rejoined_at + 200
+    return rejoined_at is None or (moment != "finished" and strategy.global_step < rejoined_at + 200)
 
 
 def pause_for_the_round() -> None:

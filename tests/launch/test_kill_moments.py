@@ -28,6 +28,7 @@ from _cluster_procs import wait_until
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
 TRAIN = str(Path(__file__).parent / "_ft_train.py")
+STEPS = "300"  # global steps: the fit is within 0.1 of the line by then
 RESTARTED = r"/job:worker/task:1 \(pid \d+\) was killed by signal 9; restarting it \(1 of 1\)"
 
 
@@ -50,7 +51,7 @@ def _assert_fit(run) -> None:
 @pytest.mark.parametrize("moment", ["before_first_step", "finished", "ended"])
 def test_a_worker_killed_at_any_moment_is_restarted_and_the_run_ends_well(launcher, tmp_path, moment):
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--max-restarts", "1",
-                          TRAIN, str(tmp_path), "600", moment)
+                          TRAIN, str(tmp_path), STEPS, moment)
     killed_at = _kill_at_the_moment(run, tmp_path)
     assert run.wait(90) == 0, run.describe()
     assert re.search(RESTARTED, run.err), run.describe()
@@ -70,6 +71,6 @@ def test_a_worker_killed_at_any_moment_is_restarted_and_the_run_ends_well(launch
         assert killed_at == 0 and rejoined.group(2) == "0", run.describe()  # it had pushed nothing
         assert int(after.group(1)) >= 50, run.out  # and trained after rejoining
     else:
-        assert int(rejoined.group(1)) >= killed_at >= 600, run.describe()
+        assert int(rejoined.group(1)) >= killed_at >= int(STEPS), run.describe()
         assert rejoined.group(3) == "nothing: it had finished training before it was killed, so it trains no more"
         assert int(after.group(1)) == 0, run.out
