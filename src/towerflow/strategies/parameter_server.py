@@ -196,6 +196,8 @@ class ParameterServerStrategy(Strategy):
             rejoined = self._on_all(_service._rpc_rejoin, self.replica_id, True, not self.is_chief)
             self._pushes = max((p for _, p, _ in rejoined), default=0)
             self._finished = any(done for _, _, done in rejoined)  # killed after finish(): it trains no more
+            if self._finished:  # (again: it may have died before it said so) a ps restored later learns it
+                self.server.publish(f"ps/{self.model_name}/finished/{self.replica_id}", "1")
         elif not self.is_chief:
             self._on_all(_service._rpc_wait_ready)
         self._install(self._pull(clock=self._pushes))
