@@ -67,6 +67,13 @@ def take_back_done(store: Store, done_key: str) -> bool:
             return True
 
 
+def leave_together(server, wait_s: float = 10.0) -> None:
+    """The barrier between leaving the RPC group and closing connections, once the cluster has ended
+    (see transport.stop_rpc). A task that never comes (it died after finishing) only costs the wait."""
+    server._store.set(server._key("leaving"), "1")
+    server._wait_for_others("leaving", wait_s)
+
+
 def rejoin_or_exit(server) -> None:
     """Server.start of a restarted incarnation, once it holds its slot: take the earlier incarnation's
     done back (the cluster then waits for this one), or, when the cluster has already ended, say so

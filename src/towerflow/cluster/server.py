@@ -258,7 +258,8 @@ class Server:
         self._started = True
         self._install_exit_hooks()
         if self.incarnation > 0:
-            _say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member {me}; dropped the dead {self.replaced or 'none'}")
+            _say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member {me}; "
+                 f"dropped the dead {self.replaced or 'none'}")
         return self
 
     def _set_local_task(self) -> None:
@@ -637,12 +638,6 @@ class Server:
         while time.monotonic() < end and not all(self._store.check([self._key(kind, t.job, t.task)]) for t in others):
             time.sleep(_POLL)
 
-    def _everyone_leaving(self) -> None:
-        """The barrier between leaving the RPC group and closing connections (see transport.stop_rpc).
-        A task that never comes (it died after finishing) only costs the wait."""
-        self._store.set(self._key("leaving"), "1")
-        self._wait_for_others("leaving", 10.0)
-
     def _close(self, graceful: bool) -> None:
         if self._stopped:
             return
@@ -652,7 +647,7 @@ class Server:
             self._beat_thread.join(2 * _BEAT_EVERY)
         try:
             if graceful:
-                _transport.stop_rpc(graceful=True, everyone_leaving=self._everyone_leaving)
+                _transport.stop_rpc(graceful=True, everyone_leaving=lambda: _ending.leave_together(self))
                 self._store.set(self._key("left"), "1")
                 if self._hosts_store:  # the store must outlive everyone's leave
                     self._wait_for_others("left", 30.0)
