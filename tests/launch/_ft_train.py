@@ -1,15 +1,30 @@
-"""Linear regression on a ps that a test kills a worker of mid-training: python _ft_train.py DIR STEPS
+"""Linear regression on a ps that a test kills a worker of: python _ft_train.py DIR STEPS [MOMENT]
 
 The ps mode comes from the launcher (--mode, default async). Every worker trains until the
 global step (on the ps) reaches STEPS, sleeping a little per step so that a kill lands
 mid-training; after its first 20 steps each incarnation writes "PID GLOBAL_STEP" to
 DIR/<job>:<index>.<restart>.pid. So that the restarted worker really continues however long
 its restart takes, the chief also goes on until the ps has seen worker 1 rejoin and 200 more
-steps have passed, and a restarted worker trains at least 50 steps. The chief prints the fit.
+steps have passed, and a restarted worker trains at least 50 steps (unless its earlier
+incarnation had finished). The chief prints the fit.
+
+MOMENT puts worker 1's first incarnation at a known point and writes "PID GLOBAL_STEP" to
+DIR/kill-me when it is there, so that the test's SIGKILL lands exactly then (no sleep-and-hope):
+
+* before_first_step: in the cluster (RPC joined), before setup: it waits there to be killed;
+* finished: after finish() and with its done said (Server.join), while the chief trains on
+  until it sees worker 1 rejoin (then stops: the rejoined worker trains no more);
+* ended: as finished, but the chief ends the cluster once the test has written DIR/killed, without
+  waiting for worker 1, and the restarted worker 1 starts its Server only once the cluster has
+  ended (the order of the failure issue 13 reported);
+* sync_round: the chief and worker 2 stop at their step 20 (until DIR/resume exists) and the chief
+  writes "GLOBAL_STEP" to DIR/kill-me once worker 1's pull waits at the ps for a round they will
+  not complete.
 """
 
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -18,10 +33,51 @@ from torch import nn
 import towerflow
 
 folder, steps = sys.argv[1], int(sys.argv[2])
+moment = sys.argv[3] if len(sys.argv) > 3 else "step20"
+HOLD_S = 60  # how long a task held at a moment waits for the test before giving up
+
+
+def note(name: str, text: str) -> None:
+    with open(os.path.join(folder, name + ".tmp"), "w") as f:
+        f.write(text)
+    os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
+
+
+def hold(what: str) -> None:
+    """Wait here to be killed (a test that never does fails on this task's exit code)."""
+    time.sleep(HOLD_S)
+    sys.exit(f"_ft_train: nobody killed this task {what} within {HOLD_S} s")
+
+
+def wait_for_file(name: str) -> None:
+    deadline = time.monotonic() + HOLD_S
+    while not os.path.exists(os.path.join(folder, name)):
+        if time.monotonic() > deadline:
+            sys.exit(f"_ft_train: {name} never appeared in {folder}")
+        time.sleep(0.05)
+
+
+me = (os.environ.get("TOWERFLOW_JOB_NAME"), os.environ.get("TOWERFLOW_TASK_INDEX"))
+restart = int(os.environ.get("TOWERFLOW_RESTART_COUNT") or 0)
+if moment == "ended" and me == ("worker", "1") and restart > 0:  # start only once the cluster has ended
+    from towerflow.cluster import ending, transport
+
+    host, port = os.environ["TOWERFLOW_STORE"].rsplit(":", 1)
+    store = transport.prefix_store("towerflow", transport.connect_store(host, int(port), HOLD_S))
+    deadline = time.monotonic() + HOLD_S
+    while not ending.has_ended(store):
+        if time.monotonic() > deadline:
+            sys.exit("_ft_train: the cluster never ended")
+        time.sleep(0.05)
+
 server = towerflow.Server()
 if server.job_name == "ps":
     server.join()
     sys.exit(0)
+is_target = (server.job_name, server.task_index, server.incarnation) == ("worker", 1, 0)
+if moment == "before_first_step" and is_target:
+    note("kill-me", f"{os.getpid()} 0")
+    hold("before its first step")
 
 
 class Line(nn.Module):
@@ -44,33 +100,58 @@ local = 0
 rejoined_at = None  # chief: the global step when it saw worker 1 rejoin
 
 
+def ps_view() -> dict:
+    return strategy.ps_metrics()["/job:ps/task:0"]
+
+
 def chief_waits() -> bool:
     global rejoined_at
-    if not strategy.is_chief:
+    if not strategy.is_chief or moment == "ended":
         return False
     if rejoined_at is None and local % 20 == 0:
-        if strategy.ps_metrics()["/job:ps/task:0"]["rejoins_by_worker"].get(1):
+        if ps_view()["rejoins_by_worker"].get(1):
             rejoined_at = strategy.global_step
-    return rejoined_at is None or strategy.global_step < rejoined_at + 200
+    return rejoined_at is None or (moment != "finished" and strategy.global_step < rejoined_at + 200)
 
 
-while strategy.global_step < steps or chief_waits() or (server.incarnation > 0 and local < 50):
+def pause_for_the_round() -> None:
+    """sync_round: stop here; the chief says when worker 1 waits for a round that needs us."""
+    if strategy.is_chief:
+        deadline = time.monotonic() + HOLD_S
+        while 1 not in ps_view()["waiting_pulls"]:
+            if time.monotonic() > deadline:
+                sys.exit("_ft_train: worker 1 never waited for a sync round")
+            time.sleep(0.05)
+        note("kill-me", str(strategy.global_step))
+    wait_for_file("resume")
+
+
+while not strategy.is_finished and (
+        strategy.global_step < steps or chief_waits() or (server.incarnation > 0 and local < 50)):
     idx = torch.randint(0, len(x), (10,), generator=order)
     optimizer.zero_grad()
     ((model(x[idx]) - y[idx]) ** 2).mean().backward()
     optimizer.step()
     local += 1
     if local == 20:
-        name = f"{server.job_name}:{server.task_index}.{server.incarnation}"
-        with open(os.path.join(folder, name + ".pid.tmp"), "w") as f:
-            f.write(f"{os.getpid()} {strategy.global_step}")
-        os.replace(os.path.join(folder, name + ".pid.tmp"), os.path.join(folder, name + ".pid"))
+        note(f"{server.job_name}:{server.task_index}.{server.incarnation}.pid", f"{os.getpid()} {strategy.global_step}")
+        if moment == "sync_round" and strategy.replica_id in (0, 2) and server.incarnation == 0:
+            pause_for_the_round()
     time.sleep(0.005)
 print(f"worker {strategy.replica_id} (restart {server.incarnation}): {local} steps, global step {strategy.global_step}", flush=True)
 strategy.finish()
+if moment in ("finished", "ended") and is_target:  # say where it is once its done is in the store
+    def mark_when_done() -> None:
+        while not server._store.check([server._key("done")]):
+            time.sleep(0.01)
+        note("kill-me", f"{os.getpid()} {strategy.global_step}")
+
+    threading.Thread(target=mark_when_done, daemon=True).start()
 if strategy.is_chief:
     strategy.wait_for_workers()
     final = strategy.variables()
     print(f"ps metrics: {strategy.ps_metrics()}", flush=True)
     print(f"final: w: {final['w'].item():.4f}, b: {final['b'].item():.4f}", flush=True)
+    if moment == "ended":
+        wait_for_file("killed")
 server.join()

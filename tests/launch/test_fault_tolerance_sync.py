@@ -1,7 +1,8 @@
 """Issue 6: a worker killed during synchronous ps training.
 
 * with a backup worker (2 of 3 gradients per update) the job goes on while the launcher
-  restarts it, and the restarted worker rejoins;
+  restarts it, and the restarted worker rejoins; the kill lands during a sync round (issue 13):
+  worker 1 has pushed and its pull waits at the ps for the round's update;
 * without one, the others wait for the restarted worker (the global step stands still), then
   all go on;
 * without one and without restarts, the others stop waiting once its heartbeat has been silent
@@ -52,14 +53,20 @@ def _assert_fit(run) -> None:
     assert fit and abs(float(fit.group(1)) - 2.0) < 0.1 and abs(float(fit.group(2)) - 0.2) < 0.1, run.out
 
 
-def test_sync_with_a_backup_worker_goes_on_while_a_killed_worker_restarts(launcher, tmp_path):
+def test_sync_with_a_backup_worker_goes_on_while_a_worker_killed_during_a_round_restarts(launcher, tmp_path):
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "3", "--mode", "sync",
-                          "--replicas-to-aggregate", "2", "--max-restarts", "1", TRAIN, str(tmp_path), "600")
-    _kill_worker_1(run, tmp_path)
+                          "--replicas-to-aggregate", "2", "--max-restarts", "1", TRAIN, str(tmp_path), "600",
+                          "sync_round")
+    wait_until(lambda: (tmp_path / "kill-me").exists() or run.popen.poll() is not None, 60, "worker 1 to wait for a round")
+    assert (tmp_path / "kill-me").exists(), run.describe()
+    started = re.search(r"/job:worker/task:1 \(pid (\d+)\)", run.err)
+    os.kill(int(started.group(1)), signal.SIGKILL)
+    (tmp_path / "resume").write_text("")  # the chief and worker 2 go on: 2 of 3 gradients make each update
     rejoined_at, pushes = _rejoined_at(run)
     assert rejoined_at >= pushes + 20, (pushes, rejoined_at)  # the two others made updates meanwhile
     assert run.wait(90) == 0, run.describe()
     _assert_fit(run)
+    assert "'rejoins_by_worker': {1: 1}" in run.out, run.out
 
 
 def test_sync_without_backups_waits_for_the_restarted_worker(launcher, tmp_path):

@@ -175,6 +175,16 @@ def test_ssp_finished_worker_no_longer_holds_the_others_back():
     assert [g.request.worker for g in c.released()] == [0]
 
 
+def test_a_restarted_worker_that_had_finished_stays_finished():
+    c = Coordinator(SyncPolicy(2, 2), 2)
+    c.push(1, go(c, 1))  # held: waits for worker 0's gradient
+    assert c.metrics()["held_from"] == [1]
+    assert c.rejoin(1) is False  # back mid-round: its first push for this step will be dropped
+    c.finish(0)
+    assert c.rejoin(0) is True and 0 not in c.active  # killed after finish: it pushes no more
+    assert isinstance(c.pull(PullRequest(0, clock=5)), Go)  # and reads the values without waiting
+
+
 def test_unbounded_async_never_waits_and_staleness_grows_with_the_slow_worker():
     c, waits = _simulate(AsyncPolicy(), 3, steps=20, speeds=[1.0, 1.0, 8.0])
     assert waits == 0 and c.metrics()["max_staleness"] > 3

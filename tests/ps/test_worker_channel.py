@@ -7,7 +7,7 @@ import torch
 
 from towerflow.ps import plan_layout
 from towerflow.ps.policies import Ticket
-from towerflow.strategies.parameter_server import _Channel
+from towerflow.strategies._ps_channel import _Channel
 
 
 def _params():

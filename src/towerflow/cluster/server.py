@@ -25,6 +25,7 @@ import traceback
 from typing import Dict, List, Optional, Sequence
 
 from towerflow.cluster import addresses as _addresses
+from towerflow.cluster import ending as _ending
 from towerflow.cluster import environment as _env
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
@@ -242,6 +243,7 @@ class Server:
             else:
                 self._join_coordinator(deadline)
             self._claim_slot()
+            _ending.rejoin_or_exit(self)  # a restarted incarnation whose earlier one had finished: see ending.py
             self._wait_for_all("slot", deadline, "tasks up")
             me = rpc_name(self.job_name, self.task_index, self.incarnation)
             if self.incarnation == 0:
@@ -261,8 +263,8 @@ class Server:
         self._started = True
         self._install_exit_hooks()
         if self.incarnation > 0:
-            _say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member "
-                 f"{rpc_name(self.job_name, self.task_index, self.incarnation)}; dropped the dead {self.replaced or 'none'}")
+            _say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member {me}; "
+                 f"dropped the dead {self.replaced or 'none'}")
         return self
 
     def _set_local_task(self) -> None:
@@ -544,8 +546,8 @@ class Server:
                         self._store.set(self._key("left"), "1")  # lets a failed coordinator stop waiting for us
                         raise ClusterError(f"{_task_name(t.job, t.task)} failed: {reason}", task=_task_name(t.job, t.task))
                 missing = [t for t in tasks if not self._store.check([self._key("done", t.job, t.task)])]
-                if not missing:
-                    break
+                if not missing and _ending.try_end(self._store, [self._key("done", t.job, t.task) for t in tasks]):
+                    break  # ended once for all: a restarted incarnation now finds it so and does not rejoin
                 self._check_heartbeats(missing, seen)
                 if deadline is not None and time.monotonic() > deadline:
                     raise ClusterTimeoutError(
@@ -659,12 +661,6 @@ class Server:
         while time.monotonic() < end and not all(self._store.check([self._key(kind, t.job, t.task)]) for t in others):
             time.sleep(_POLL)
 
-    def _everyone_leaving(self) -> None:
-        """The barrier between leaving the RPC group and closing connections (see transport.stop_rpc).
-        A task that never comes (it died after finishing) only costs the wait."""
-        self._store.set(self._key("leaving"), "1")
-        self._wait_for_others("leaving", 10.0)
-
     def _close(self, graceful: bool) -> None:
         if self._stopped:
             return
@@ -674,7 +670,7 @@ class Server:
             self._beat_thread.join(2 * _BEAT_EVERY)
         try:
             if graceful:
-                _transport.stop_rpc(graceful=True, everyone_leaving=self._everyone_leaving)
+                _transport.stop_rpc(graceful=True, everyone_leaving=lambda: _ending.leave_together(self))
                 self._store.set(self._key("left"), "1")
                 if self._hosts_store:  # the store must outlive everyone's leave
                     self._wait_for_others("left", 30.0)

@@ -183,11 +183,13 @@ def start_rpc_replacing(store: Store, name: str, rank: int, timeout: float, dead
 def is_peer_lost(error: BaseException) -> bool:
     """Whether a failed remote call failed because the other task is gone (killed, its host down),
     rather than because the called function raised: TensorPipe's own errors ('eof', 'ECONNREFUSED',
-    'ECONNRESET', ... 'this error originated at tensorpipe/...') and calls to a member that was dropped."""
+    'ECONNRESET', ... 'this error originated at tensorpipe/...') and calls to a member that was dropped
+    or is no longer in this task's member list (it left the group)."""
     if not isinstance(error, RuntimeError):
         return False
     text = str(error)
-    return "originated at tensorpipe/" in text or "Unknown destination worker" in text or "ECONNREFUSED" in text
+    return any(s in text for s in ("originated at tensorpipe/", "Unknown destination worker", "ECONNREFUSED",
+                                   "could not find destination name"))
 
 
 def stop_rpc(graceful: bool = True, everyone_leaving: Optional[Callable[[], None]] = None) -> None:

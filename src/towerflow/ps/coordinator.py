@@ -149,17 +149,16 @@ class Coordinator:
         self._release()
         return action
 
-    def rejoin(self, worker: int) -> None:
-        """A restarted worker is back. In sync mode its killed incarnation may have pushed this step's
+    def rejoin(self, worker: int) -> bool:
+        """A restarted worker is back; returns whether it had finished (killed after `finish`: it stays
+        finished and pushes no more). In sync mode its killed incarnation may have pushed this step's
         gradient already (it is held): the new incarnation's push for the same step is then dropped."""
         self._check_worker(worker)
         if worker not in self.active:
-            raise ParameterServerError(
-                f"worker {worker} was restarted after it had finished; a finished worker has nothing to rejoin. "
-                "Restart only tasks that died mid-training."
-            )
+            return True
         if worker in self.held:
             self._repeating.add(worker)
+        return False
 
     def restore(self, global_step: int, clocks: Dict[int, int], finished=()) -> None:
         """Go back to a checkpoint: its step and clocks; held gradients are discarded and every
@@ -219,6 +218,8 @@ class Coordinator:
             "max_staleness": self.max_staleness,
             "restores": self.restores,
             "dropped_after_restore": self.dropped_after_restore,
+            "held_from": sorted(self.held),  # sync: workers whose gradient of this step waits for the others'
+            "waiting_pulls": sorted(r.worker for r in self.waiting),  # workers whose pull waits (sync, ssp)
         }
 
     def __repr__(self) -> str:

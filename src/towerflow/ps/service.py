@@ -224,9 +224,9 @@ class ShardService:
         for future, result in released:  # outside the lock: completing sends the reply
             future.set_result(result)
 
-    def _check_rejoin(self, worker: int) -> None:
-        self.coordinator.rejoin(worker)
+    def _check_rejoin(self, worker: int) -> bool:
         self.rejoins[worker] += 1
+        return self.coordinator.rejoin(worker)
 
     # ---- checkpoints
     def state_dict(self) -> dict:
@@ -351,18 +351,17 @@ def _rpc_wait_ready(model: str) -> torch.futures.Future:
     return future
 
 
-def _clock_of(model: str, worker: int, restarted: bool) -> Tuple[int, int]:
+def _clock_of(model: str, worker: int, restarted: bool) -> Tuple[int, int, bool]:
     service = _get(model)
     with service._lock:
-        if restarted:
-            service._check_rejoin(worker)
-        return service.coordinator.global_step, service.coordinator.pushes_by_worker[worker]
+        finished = service._check_rejoin(worker) if restarted else worker not in service.coordinator.active
+        return service.coordinator.global_step, service.coordinator.pushes_by_worker[worker], finished
 
 
 @_transport.deferred
 def _rpc_rejoin(model: str, worker: int, restarted: bool = True, wait_open: bool = True) -> torch.futures.Future:
-    """A worker goes on after a loss (its own restart, or a ps restored from a checkpoint): a future
-    of (global step, pushes this ps has from that worker), so its clock agrees with the ps's."""
+    """A worker goes on after a loss (its own restart, or a ps restored from a checkpoint): a future of
+    (global step, pushes this ps has from that worker, whether it had finished), so its clock agrees."""
     if not wait_open:
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(_clock_of(model, worker, restarted))

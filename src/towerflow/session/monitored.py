@@ -162,7 +162,8 @@ class MonitoredTrainingSession:
         return result
 
     def should_stop(self) -> bool:
-        return self._stop_requested
+        """A hook asked to stop, or the strategy has finished (a ps worker restarted after it had finished)."""
+        return self._stop_requested or bool(getattr(self.strategy, "is_finished", False))
 
     def request_stop(self) -> None:
         self._stop_requested = True

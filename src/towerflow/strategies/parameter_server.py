@@ -32,8 +32,9 @@ from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps import service as _service
 from towerflow.ps.layout import Layout, Partition, plan_layout
-from towerflow.ps.policies import Ticket, make_policy
+from towerflow.ps.policies import make_policy
 from towerflow.strategies._devices import default_device, resolve_device
+from towerflow.strategies._ps_channel import _Channel
 from towerflow.strategies.base import Strategy
 from towerflow.strategies.environment import ENV_DEVICE, register_strategy
 
@@ -67,68 +68,6 @@ class _PSLost(Exception):
     def __init__(self, task: int, name: str, error: BaseException):
         super().__init__(f"/job:ps/task:{task} (RPC member {name}) is gone: {error}")
         self.task, self.name, self.error = task, name, error
-
-
-class _Channel:
-    """This worker's link to one ps task: which parameter pieces go there, reused push buffers, its ticket."""
-
-    def __init__(self, task: int, layout: Layout, params: Dict[str, torch.nn.Parameter], device: torch.device,
-                 to: Optional[str] = None):
-        self.task = task
-        self.to = to or _server.rpc_name("ps", task)  # the ps task's RPC name (its current incarnation's)
-        self.shards = layout.on_task(task)
-        sizes = layout.flat_sizes(task)
-        self.dtypes = list(sizes)
-        pin = device.type == "cuda"
-        # two sets of push buffers: one may still be on the wire while the other is filled
-        self.buffers = [[torch.empty(sizes[d], dtype=d, pin_memory=pin) for d in self.dtypes] for _ in range(2)]
-        self.staging = [torch.empty(sizes[d], dtype=d, device=device) for d in self.dtypes] if pin else None
-        self.params = [params[s.variable] for s in self.shards]
-        self.ticket = Ticket(0)
-        self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers[0])
-
-    def _piece(self, s, t: torch.Tensor) -> torch.Tensor:
-        return t[s.row_start:s.row_stop] if s.is_partitioned else t
-
-    def gather(self, k: int) -> List[torch.Tensor]:
-        """Pack this task's gradient pieces into push buffer set k (one cat per dtype)."""
-        out = []
-        for i, d in enumerate(self.dtypes):
-            srcs = []
-            for s, p in zip(self.shards, self.params):
-                if s.dtype == d:
-                    g = p.grad if p.grad is not None else torch.zeros_like(p)
-                    srcs.append(self._piece(s, g).reshape(-1))
-            if self.staging is None:
-                torch.cat(srcs, out=self.buffers[k][i])
-            else:
-                torch.cat(srcs, out=self.staging[i])
-                self.buffers[k][i].copy_(self.staging[i])
-            out.append(self.buffers[k][i])
-        return out
-
-    @torch.no_grad()
-    def install(self, ticket: Ticket, flats: List[torch.Tensor], device: torch.device) -> None:
-        """Put pulled values into the model's parameters.
-
-        On the CPU a whole (unpartitioned) variable is re-pointed at its slice of the received
-        buffer, which the transport allocated for this pull anyway: no copy. Row shards, and
-        every variable on a GPU, are copied (one foreach copy per call).
-        """
-        self.ticket = ticket
-        by_dtype = dict(zip(self.dtypes, flats))
-        if device.type != "cpu":
-            by_dtype = {d: f.to(device, non_blocking=True) for d, f in by_dtype.items()}
-        dsts, srcs = [], []
-        for s, p in zip(self.shards, self.params):
-            src = by_dtype[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
-            if device.type == "cpu" and not s.is_partitioned:
-                p.data = src
-            else:
-                dsts.append(self._piece(s, p.data))
-                srcs.append(src)
-        if dsts:
-            torch._foreach_copy_(dsts, srcs)
 
 
 @register_strategy
@@ -254,7 +193,10 @@ class ParameterServerStrategy(Strategy):
                 self._wait(ch, f)
         if self.server.incarnation > 0:  # restarted: go on from the ps's step, with the clock its pushes set
             rejoined = self._on_all(_service._rpc_rejoin, self.replica_id, True, not self.is_chief)
-            self._pushes = max((p for _, p in rejoined), default=0)
+            self._pushes = max((p for _, p, _ in rejoined), default=0)
+            self._finished = any(done for _, _, done in rejoined)  # killed after finish(): it trains no more
+            if self._finished:  # (again: it may have died before it said so) a ps restored later learns it
+                self.server.publish(f"ps/{self.model_name}/finished/{self.replica_id}", "1")
         elif not self.is_chief:
             self._on_all(_service._rpc_wait_ready)
         self._install(self._pull(clock=self._pushes))
@@ -278,10 +220,11 @@ class ParameterServerStrategy(Strategy):
 
         died = os.environ.get(_env.ENV_RESTARTED_AT)
         down = f"; down {time.time() - float(died):.2f} s from its death to rejoining" if died else ""
+        lost = ("nothing: it had finished training before it was killed, so it trains no more" if self._finished
+                else "the gradient it was computing and its place in its data")
         print(
             f"towerflow: {self.server.name} rejoined training (restart {self.server.incarnation}) at global step "
-            f"{self.global_step}; the ps kept its {self._pushes} earlier pushes; lost: the gradient it was computing "
-            f"and its place in its data{down}",
+            f"{self.global_step}; the ps kept its {self._pushes} earlier pushes; lost: {lost}{down}",
             file=sys.stderr, flush=True,
         )
 
@@ -391,7 +334,7 @@ class ParameterServerStrategy(Strategy):
         if self.is_chief:
             source = self._restore_ps()
         clocks = self._on_all(_service._rpc_rejoin, self.replica_id, False, True)
-        self._pushes = max((p for _, p in clocks), default=0)
+        self._pushes = max((p for _, p, _ in clocks), default=0)
         self._install(self._pull(self._pushes))
         took = time.monotonic() - seen
         record = {"ps_task": lost.task, "lost_at_step": before, "resumed_at_step": self.global_step,
@@ -465,6 +408,12 @@ class ParameterServerStrategy(Strategy):
     def reduce(self, value: Any, op: str = "mean") -> torch.Tensor:
         """This worker's value: ps workers share no process group (evaluate on the chief)."""
         return super().reduce(value, op)
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether this worker has said it is done (`finish`), or was restarted after it had: it pushes
+        no more. MonitoredTrainingSession.should_stop() is true then; a loop of its own should test it."""
+        return self._finished
 
     def finish(self) -> None:
         """Say this worker is done (slower peers stop waiting for it); waits for its pushes first."""
@@ -554,6 +503,14 @@ class _PSOptimizer:
     def step(self, closure=None) -> None:
         if closure is not None:
             raise StrategyError("step(closure) is not supported with parameter servers: call step() after backward()")
+        if self.strategy.is_finished:
+            server = self.strategy.server
+            why = (f"restart {server.incarnation}: its earlier incarnation had finished training before it was killed"
+                   if server.incarnation else "it called finish()")
+            raise ParameterServerError(
+                f"{server.name} has finished training ({why}), so the ps takes no more of its gradients. End the "
+                "training loop when `strategy.is_finished` is true (MonitoredTrainingSession.should_stop() is then)."
+            )
         if self.clip_grad_norm is not None:
             self.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(
                 [p for p in self.params if p.grad is not None], self.clip_grad_norm))

@@ -1,0 +1,87 @@
+"""The end of a cluster's work, decided once in the store, so that a restarted task never rejoins
+a cluster that is leaving.
+
+Every task says it is done (`Server.join`: a worker at the end of its script, a ps as soon as it
+serves) and all leave once every task is. The launcher restarts a task killed after it said so
+too, and its new incarnation used to join RPC while the others left it: torch's dynamic group
+hands a joining member only the members listed at that moment, so the new worker knew no ps
+("could not find destination name ps:0") and failed every restart. Two store operations keep
+the end and a rejoin apart:
+
+* a task that sees every task done reads END_KEY, checks the done keys again, and sets END_KEY to
+  ENDED only if it still holds what it read (compare-and-set);
+* a restarted incarnation whose earlier one was done first deletes that done key, then moves
+  END_KEY to a fresh value (compare-and-set), unless it reads ENDED.
+
+Whichever comes second sees the other. Either the end's compare-and-set fails and the others wait
+until the new incarnation is done again (it rejoins; a worker that had finished learns so from
+the ps and trains no more), or the new incarnation finds the cluster ENDED, puts the done key
+back and has nothing to rejoin: its part of the work was over before it was killed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from towerflow.cluster.transport import Store
+
+END_KEY = "cluster/end"  # "" or a rejoin's mark while the cluster runs, ENDED once its work is over
+ENDED = "ended"
+_MARKS = "cluster/rejoin_marks"  # a counter: each rejoin's mark is unique, so no two compare-and-sets pass as one
+
+
+def _read(store: Store) -> str:
+    return store.get(END_KEY).decode() if store.check([END_KEY]) else ""
+
+
+def has_ended(store: Store) -> bool:
+    """Whether every task had said it was done and the cluster is leaving (or has left)."""
+    return _read(store) == ENDED
+
+
+def try_end(store: Store, done_keys: Sequence[str]) -> bool:
+    """Mark the cluster ended when every task is done; False when one is not, or took its done back
+    (a restarted incarnation) while this check ran."""
+    seen = _read(store)
+    if seen == ENDED:
+        return True
+    if not all(store.check([key]) for key in done_keys):
+        return False
+    return store.compare_set(END_KEY, seen, ENDED).decode() == ENDED
+
+
+def take_back_done(store: Store, done_key: str) -> bool:
+    """A restarted incarnation: make the cluster wait for it again if its earlier incarnation had said
+    it was done. Returns False, leaving the done key in place, when the cluster has already ended."""
+    if not store.check([done_key]):
+        return True  # it died before it was done: the cluster cannot end without this task
+    store.delete_key(done_key)
+    mark = f"rejoin {store.add(_MARKS, 1)}"
+    while True:
+        seen = _read(store)
+        if seen == ENDED:
+            store.set(done_key, "1")
+            return False
+        if store.compare_set(END_KEY, seen, mark).decode() == mark:
+            return True
+
+
+def leave_together(server, wait_s: float = 10.0) -> None:
+    """The barrier between leaving the RPC group and closing connections, once the cluster has ended
+    (see transport.stop_rpc). A task that never comes (it died after finishing) only costs the wait."""
+    server._store.set(server._key("leaving"), "1")
+    server._wait_for_others("leaving", wait_s)
+
+
+def rejoin_or_exit(server) -> None:
+    """Server.start of a restarted incarnation, once it holds its slot: take the earlier incarnation's
+    done back (the cluster then waits for this one), or, when the cluster has already ended, say so
+    and exit 0 (SystemExit): this task's part of the work was over before it was killed."""
+    if server.incarnation == 0 or take_back_done(server._store, server._key("done")):
+        return
+    for kind in ("leaving", "left"):  # the others' leave need not wait for this task
+        server._store.set(server._key(kind), "1")
+    print(f"towerflow: {server.name} (restart {server.incarnation}) has nothing to rejoin: it had finished before it "
+          "was killed, and so had every other task; the cluster has ended. Exiting with 0.", file=sys.stderr, flush=True)
+    raise SystemExit(0)

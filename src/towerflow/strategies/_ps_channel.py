@@ -1,0 +1,75 @@
+"""A ps worker's link to one ps task: which parameter pieces go there, the reused push buffers, and
+how pulled values go back into the model. Kept apart from `parameter_server.py` (the strategy) so
+each stays small; tests/ps/test_worker_channel.py checks it without processes."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+from towerflow.cluster import server as _server
+from towerflow.ps.layout import Layout
+from towerflow.ps.policies import Ticket
+
+
+class _Channel:
+    """This worker's link to one ps task: which parameter pieces go there, reused push buffers, its ticket."""
+
+    def __init__(self, task: int, layout: Layout, params: Dict[str, torch.nn.Parameter], device: torch.device,
+                 to: Optional[str] = None):
+        self.task = task
+        self.to = to or _server.rpc_name("ps", task)  # the ps task's RPC name (its current incarnation's)
+        self.shards = layout.on_task(task)
+        sizes = layout.flat_sizes(task)
+        self.dtypes = list(sizes)
+        pin = device.type == "cuda"
+        # two sets of push buffers: one may still be on the wire while the other is filled
+        self.buffers = [[torch.empty(sizes[d], dtype=d, pin_memory=pin) for d in self.dtypes] for _ in range(2)]
+        self.staging = [torch.empty(sizes[d], dtype=d, device=device) for d in self.dtypes] if pin else None
+        self.params = [params[s.variable] for s in self.shards]
+        self.ticket = Ticket(0)
+        self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers[0])
+
+    def _piece(self, s, t: torch.Tensor) -> torch.Tensor:
+        return t[s.row_start:s.row_stop] if s.is_partitioned else t
+
+    def gather(self, k: int) -> List[torch.Tensor]:
+        """Pack this task's gradient pieces into push buffer set k (one cat per dtype)."""
+        out = []
+        for i, d in enumerate(self.dtypes):
+            srcs = []
+            for s, p in zip(self.shards, self.params):
+                if s.dtype == d:
+                    g = p.grad if p.grad is not None else torch.zeros_like(p)
+                    srcs.append(self._piece(s, g).reshape(-1))
+            if self.staging is None:
+                torch.cat(srcs, out=self.buffers[k][i])
+            else:
+                torch.cat(srcs, out=self.staging[i])
+                self.buffers[k][i].copy_(self.staging[i])
+            out.append(self.buffers[k][i])
+        return out
+
+    @torch.no_grad()
+    def install(self, ticket: Ticket, flats: List[torch.Tensor], device: torch.device) -> None:
+        """Put pulled values into the model's parameters.
+
+        On the CPU a whole (unpartitioned) variable is re-pointed at its slice of the received
+        buffer, which the transport allocated for this pull anyway: no copy. Row shards, and
+        every variable on a GPU, are copied (one foreach copy per call).
+        """
+        self.ticket = ticket
+        by_dtype = dict(zip(self.dtypes, flats))
+        if device.type != "cpu":
+            by_dtype = {d: f.to(device, non_blocking=True) for d, f in by_dtype.items()}
+        dsts, srcs = [], []
+        for s, p in zip(self.shards, self.params):
+            src = by_dtype[s.dtype][s.offset:s.offset + s.numel].view(s.shape)
+            if device.type == "cpu" and not s.is_partitioned:
+                p.data = src
+            else:
+                dsts.append(self._piece(s, p.data))
+                srcs.append(src)
+        if dsts:
+            torch._foreach_copy_(dsts, srcs)
