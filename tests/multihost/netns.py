@@ -134,6 +134,8 @@ class Hosts:
                                      "TP_", "NCCL_"))}
         base["PYTHONUNBUFFERED"] = "1"
         base["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), base.get("PYTHONPATH", "")])
+        # each host's task would take every core of the machine, which the hosts share: one thread each
+        base["OMP_NUM_THREADS"] = "1"
         proc = Proc(host, argv, {**base, **(env or {})}, self.workdir / f"{label}.log")
         self.procs.append(proc)
         return proc
