@@ -190,6 +190,23 @@ def is_peer_lost(error: BaseException) -> bool:
     return "originated at tensorpipe/" in text or "Unknown destination worker" in text or "ECONNREFUSED" in text
 
 
+def is_group_peer_lost(error: BaseException) -> bool:
+    """Whether a collective of the replicas' process group failed because a member is gone (gloo's
+    'Connection reset by peer' / 'closed by peer' / broken pipe), rather than because of this replica."""
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error)
+    gone = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ECONNRESET", "EPIPE")
+    return ("gloo" in text or isinstance(error, dist.DistError)) and any(g in text for g in gone)
+
+
+def group_store() -> Optional[Store]:
+    """The store of this process's default process group (its rank 0 hosts it), or None."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
 def stop_rpc(graceful: bool = True, everyone_leaving: Optional[Callable[[], None]] = None) -> None:
     """Leave the RPC group (graceful: tell the others first) and stop the agent.
 
