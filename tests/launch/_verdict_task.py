@@ -1,11 +1,11 @@
-"""A tiny ps job one of whose tasks raises: python _verdict_task.py JOB:INDEX STEP [STEPS]
+"""A tiny ps job one of whose tasks raises: python _verdict_task.py JOB:INDEX STEP DIR
 
 Under `towerflow launch --chief --ps 1 --workers 1`. The chief and the worker fit a line on
-the ps (a few hundred parameters' worth of work, no data files); the task named JOB:INDEX
+the ps (a 5-parameter linear model, no data files); the task named JOB:INDEX
 raises `RuntimeError("injected failure in JOB:INDEX at step STEP")` once the global step
 reaches STEP. The ps has no training loop of its own: it watches the global step the chief
-publishes and raises from its main thread. Every other task runs until STEPS (default 10000,
-far more than a test lets it reach) so that only the injected failure ends the run.
+publishes and raises from its main thread. Nothing else ends the run: the others train on.
+Each task writes its pid to DIR/<job>:<index>.pid first, so that a test can check none is left.
 """
 
 import os
@@ -17,10 +17,11 @@ from torch import nn
 
 import towerflow
 
-who, fail_at = sys.argv[1], int(sys.argv[2])
-steps = int(sys.argv[3]) if len(sys.argv) > 3 else 10000
+who, fail_at, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+me = f"{os.environ['TOWERFLOW_JOB_NAME']}:{os.environ['TOWERFLOW_TASK_INDEX']}"
+with open(os.path.join(folder, f"{me}.pid"), "w") as f:
+    f.write(str(os.getpid()))
 server = towerflow.Server()
-me = f"{server.job_name}:{server.task_index}"
 
 
 def fail(step: int) -> None:
@@ -40,7 +41,7 @@ strategy = towerflow.ParameterServerStrategy(server=server)
 model = nn.Linear(4, 1)
 model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
 g = torch.Generator().manual_seed(strategy.replica_id)
-while strategy.global_step < steps:
+while True:
     if who == me and strategy.global_step >= fail_at:
         fail(strategy.global_step)
     x = torch.randn(8, 4, generator=g)
@@ -50,5 +51,3 @@ while strategy.global_step < steps:
     if strategy.is_chief:
         server.publish("verdict/step", str(strategy.global_step))
     time.sleep(0.01)
-strategy.shutdown()
-server.join()

@@ -271,8 +271,9 @@ def _make(error: Optional[BaseException], text: Optional[str]) -> FailureRecord:
     name, job, index = _identity()
     if error is not None:
         tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-        line = f"{type(error).__name__}: {' '.join(str(error).split())}".rstrip(": ")
         cause = cause_of(error)
+        text = _transport_reason(error) if cause == "" else " ".join(str(error).split())
+        line = f"{type(error).__name__}: {text}".rstrip(": ")
     else:
         tb = text or ""
         lines = [x for x in tb.splitlines() if x.strip()]
@@ -280,6 +281,18 @@ def _make(error: Optional[BaseException], text: Optional[str]) -> FailureRecord:
     return FailureRecord(task=name, error=line[:2000], pid=os.getpid(), host=socket.gethostname(), time=time.time(),
                          job=job, index=index, restart=_restart_count(), cause=cause,
                          traceback=tb[-20000:] if cause is None else "")
+
+
+_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ECONNREFUSED", "ECONNRESET",
+         "EPIPE", "EOF", "Unknown destination worker")
+
+
+def _transport_reason(error: BaseException) -> str:
+    """A short reason for an error the transport raised because a peer went away (its own text
+    runs to source paths and advice meant for a single process)."""
+    text = str(error)
+    what = next((g for g in _GONE if g in text), "connection lost")
+    return f"lost a peer of {'its process group (gloo' if 'gloo' in text else 'the RPC group (TensorPipe'}: {what})"
 
 
 def describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:
@@ -290,8 +303,9 @@ def describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:
         after = f" ({first.task} failed first: {first.error})" if first and first.task not in why else ""
         return f"towerflow: {why if why.startswith(rec.task + ' ') else rec.task + ' ' + rec.summary}{after}"
     if os.environ.get(ENV_ERROR_FILE) and _report_error is None:
-        also = f" (after {first.task} failed first)" if first and first.task != rec.task else ""
-        return f"towerflow: {rec.task} failed{also}: {rec.error}; the launcher prints its traceback when the run ends"
+        if first and first.task != rec.task:
+            return f"towerflow: {rec.task} failed too, after {first.task}: {rec.error}"
+        return f"towerflow: {rec.task} failed: {rec.error}; the launcher prints its traceback when the run ends"
     note = f"towerflow: {_report_error}\n" if _report_error else ""
     return f"{note}towerflow: {rec.task} failed:\n{rec.traceback.rstrip()}"
 

@@ -23,8 +23,9 @@ PREFIX = "towerflow launch: "  # every line the launcher says starts so
 # prints them as the failure's connections close (TensorPipe: one per pipe, 8-12 per failure in a
 # 3-task job). The supervisor leaves them out once it knows of a failure (see Supervisor._failing).
 _NOISE = re.compile(
-    r"^\[W\S* [^\]]*tensorpipe_agent\.cpp:\d+\] RPC agent for \S+ encountered error when "
-    r"(reading incoming request from|sending outgoing request)"
+    r"^\[W\S* [^\]]*tensorpipe_agent\.cpp:\d+\] RPC agent for \S+ (encountered error when "
+    r"(reading incoming|sending outgoing) (request|response)|won't send response to request #\d+ to \S+, as the "
+    r"agent is shutting down)"
 )
 
 

@@ -1,0 +1,80 @@
+"""Issue 13.5: the first failure is the one reported, once. A task of a ps job raises at a random
+step, five runs for each kind of task: the launcher names it every time, its traceback appears
+exactly once, every other task says in at most one line that it stopped because of it, and the
+transport's closed-connection warnings are left out. Also the all-reduce case of a wrong --data.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+
+HERE = Path(__file__).parent
+TASK = str(HERE / "_verdict_task.py")
+ROOT = HERE.parent.parent
+LABELS = ("chief:0", "worker:0", "ps:0")
+RUNS = 5
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split()[2] != "Z"
+
+
+def check_once(err: str, name: str, where: str) -> None:
+    assert err.count("Traceback (most recent call last)") == 1, where
+    assert err.count('raise RuntimeError(f"injected failure in {me} at step {step}")') == 1, where
+    assert "Last lines of its stderr" not in err and "encountered error" not in err, where
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_the_task_that_raised_is_named_every_time_and_its_traceback_shown_once(launcher, tmp_path, label):
+    job, index = label.split(":")
+    name = f"/job:{job}/task:{index}"
+    rng = random.Random()
+    for run in range(RUNS):
+        step = rng.randint(3, 15)
+        folder = tmp_path / str(run)
+        folder.mkdir()
+        p = launcher.python("-m", "towerflow", "launch", "--chief", "--ps", "1", "--workers", "1", TASK, label,
+                            str(step), str(folder), label=f"{job}{run}")
+        where = f"run {run}, {label} raising at step {step}:\n{p.describe()}"
+        assert p.wait(90) == 1, where
+        err = p.err
+        assert re.search(rf"^towerflow launch: {re.escape(name)} \(pid \d+ on \S+\) failed first \(", err, re.M), where
+        assert re.search(rf"RuntimeError: injected failure in {label} at step \d+$", err, re.M), where
+        check_once(err, name, where)
+        for other in LABELS:
+            if other == label:
+                continue
+            other_name = f"/job:{other.replace(':', '/task:')}"
+            said = [line for line in err.splitlines() if line.startswith(f"[{other}] ")]
+            assert len(said) <= 1 and all(name in line for line in said), where  # one line, naming the cause
+            assert re.search(rf"^towerflow launch: ({re.escape(other_name)} stopped because of it|stopped the other .*"
+                             rf"{re.escape(other_name)})", err, re.M), where
+        pids = {f.stem: int(f.read_text()) for f in folder.glob("*.pid")}
+        assert sorted(pids) == sorted(LABELS) and not [t for t, pid in pids.items() if alive(pid)], where
+
+
+def test_a_wrong_data_folder_under_all_reduce_is_reported_once(launcher):
+    p = launcher.python("-m", "towerflow", "launch", "--workers", "2", str(ROOT / "examples" / "mnist_sync.py"),
+                        "--data", "/nonexistent")
+    assert p.wait(90) == 1, p.describe()
+    err = p.err
+    m = re.search(r"^towerflow launch: /job:worker/task:(\d) \(pid \d+ on \S+\) failed first \(exit code 1\):$", err, re.M)
+    assert m, p.describe()
+    other = 1 - int(m.group(1))
+    assert err.count("Traceback (most recent call last)") == 1, p.describe()
+    assert err.count("DataError: --data '/nonexistent' is not a folder") == 3, p.describe()  # both tasks' lines + the verdict
+    assert f"towerflow launch: /job:worker/task:{other} also failed on its own (exit code 1): the same error" in err, p.describe()
+    assert "Last lines of its stderr" not in err
