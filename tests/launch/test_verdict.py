@@ -151,3 +151,11 @@ def test_an_unreadable_report_is_named(tmp_path):
 ])
 def test_transport_noise_is_recognised_by_its_whole_shape(line, noise):
     assert verdict.is_transport_noise(line) is noise
+
+
+def test_a_restarted_task_s_failure_is_said_with_the_restart(tmp_path):
+    own, consequence = end(tmp_path, W1, 1, FailureReport(rec(W1, 1))), end(tmp_path, PS, 1, FailureReport(rec(
+        PS, 2, cause=W1, error="PeerLostError: /job:worker/task:1 failed: RuntimeError: boom")))
+    assert verdict.restart_note(own.report_path) == ". It failed:\n  " + TB.rstrip().replace("\n", "\n  ")
+    assert verdict.restart_note(consequence.report_path) == "; it stopped: /job:worker/task:1 failed: RuntimeError: boom"
+    assert verdict.restart_note(str(tmp_path / "none.json")) == ""

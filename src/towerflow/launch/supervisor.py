@@ -216,16 +216,15 @@ class Supervisor:
                 r, code = self._running[i], codes[i]
                 self._failed = True
                 r.finish_output()
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                how += _verdict.restart_note(r.report_path) if r.restarts < self.max_restarts else ""
                 if r.restarts >= self.max_restarts:
                     return self._fail(r)
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 if self.restart_scope == "group":
                     self._restart_all(r, how)
                     break
                 self._running[i] = self._restart(r)
                 self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
-                          f"{self.max_restarts}) as pid {self._running[i].proc.pid}")
+                          f"{self.max_restarts}) as pid {self._running[i].proc.pid}{_verdict.restart_note(r.report_path)}")
             time.sleep(0.05)
 
     def _fail(self, r: _Running) -> int:
@@ -252,7 +251,8 @@ class Supervisor:
         """Stop every task and start them all again (each resumes from the newest checkpoint)."""
         count = failed.restarts + 1
         self._say(f"{failed.spec.name} (pid {failed.proc.pid}) {how}; restarting all {len(self._running)} tasks "
-                  f"({count} of {self.max_restarts}): all-reduce replicas cannot go on without it")
+                  f"({count} of {self.max_restarts}): all-reduce replicas cannot go on without it"
+                  f"{_verdict.restart_note(failed.report_path)}")
         self.stop_all()
         self._running = [self._restart(r, count) for r in self._running]
         self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))

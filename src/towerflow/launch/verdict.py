@@ -150,5 +150,5 @@ def restart_note(path: str) -> str:
         return f" ({problem})" if problem else ""
     failure = report.failure
     if not failure.is_own:
-        return f" ({failure.summary})"
-    return ":\n  " + "\n  ".join((failure.traceback.rstrip() or failure.error).splitlines()) + "\n"
+        return f"; it {failure.summary}"
+    return ". It failed:\n  " + "\n  ".join((failure.traceback.rstrip() or failure.error).splitlines())
