@@ -103,8 +103,8 @@ def decide(ends: Sequence[TaskEnd], first_exit: TaskEnd, host: str, dropped: int
     if first is not None and first.task in ours:
         end = ours[first.task]
         code = end.exit_code if not end.stopped and end.exit_code else first_exit.exit_code
-        head = (f"{first.task} (pid {first.pid} on {first.host}) failed first{how_ordered} "
-                f"({_how(end.exit_code, end.stopped)}):")
+        how = "the launcher stopped it as it shut down" if end.stopped else _how(end.exit_code)
+        head = f"{first.task} (pid {first.pid} on {first.host}) failed first{how_ordered} ({how}):"
         body = first.traceback.rstrip() or first.error
         text = head + "\n  " + "\n  ".join(body.splitlines())
         name = first.task
