@@ -146,6 +146,8 @@ def test_an_unreadable_report_is_named(tmp_path):
      "incoming response from ps:0: EOF: end of file (this error originated at tensorpipe/transport/uv/x.cc:132)", True),
     ("[W1123 02:50:29.434089126 tensorpipe_agent.cpp:620] RPC agent for ps:0 won't send response to request #13 to "
      "worker:0, as the agent is shutting down", True),
+    ("[W1123 03:05:42.181350325 tensorpipe_agent.cpp:675] RPC agent for ps:0 encountered error when sending response "
+     "to request #20 to worker:0: pipe closed (this error originated at tensorpipe/core/pipe_impl.cc:356)", True),
     ("towerflow: /job:worker/task:0 lost /job:ps/task:0, which failed: RuntimeError: boom", False),
     ("RuntimeError: RPC agent for worker:0 encountered error when reading incoming request", False),
 ])

@@ -22,10 +22,10 @@ PREFIX = "towerflow launch: "  # every line the launcher says starts so
 # The transport's complaints about connections that closed under it: every peer of a failed task
 # prints them as the failure's connections close (TensorPipe: one per pipe, 8-12 per failure in a
 # 3-task job). The supervisor leaves them out once it knows of a failure (see Supervisor._failing).
-_NOISE = re.compile(
-    r"^\[W\S* [^\]]*tensorpipe_agent\.cpp:\d+\] RPC agent for \S+ (encountered error when "
-    r"(reading incoming|sending outgoing) (request|response)|won't send response to request #\d+ to \S+, as the "
-    r"agent is shutting down)"
+_NOISE = re.compile(  # every such warning in libtorch's tensorpipe_agent.cpp (torch 2.x)
+    r"^\[W\S* [^\]]*tensorpipe_agent\.cpp:\d+\] RPC agent for \S+ (encountered error when (accepting incoming "
+    r"pipe|reading incoming (request|response) from|sending outgoing request #|sending response to request #)|"
+    r"won't send response to request #\d+ to \S+, as the agent is shutting down)"
 )
 
 
