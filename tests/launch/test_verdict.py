@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from towerflow.cluster import failures
 from towerflow.cluster.failures import FailureRecord, FailureReport
-from towerflow.errors import DataError, PeerLostError
+from towerflow.errors import ClusterTimeoutError, DataError, PeerLostError
 from towerflow.launch import verdict
 
 TB = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nRuntimeError: boom\n'
@@ -46,6 +46,7 @@ def test_a_record_and_a_report_survive_json(tmp_path):
     (RuntimeError("eof (this error originated at tensorpipe/transport/uv/connection_impl.cc:132)"), ""),
     (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer"), ""),
     (RuntimeError("Connection reset by peer"), None),  # not the transport's: the task's own
+    (ClusterTimeoutError("/job:ps/task:0 gave up after 60 s", task=PS, missing=[W1]), W1),
 ])
 def test_which_errors_are_consequences_of_a_lost_peer(error, cause):
     assert failures.cause_of(error) == cause

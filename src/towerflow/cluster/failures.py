@@ -29,7 +29,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from towerflow.cluster import environment as _env
-from towerflow.errors import PeerLostError
+from towerflow.errors import ClusterTimeoutError, PeerLostError
 
 ENV_ERROR_FILE = _env.ENV_ERROR_FILE
 BOARD_TIMEOUT = 5.0  # seconds the store gets to answer a failing task (it may be gone too)
@@ -102,6 +102,8 @@ def cause_of(error: BaseException) -> Optional[str]:
     while error is not None and id(error) not in seen:
         if isinstance(error, PeerLostError):
             return error.task or ""
+        if isinstance(error, ClusterTimeoutError) and error.missing:  # it waited for tasks that never came
+            return error.missing[0]
         if _transport.is_peer_lost(error) or _transport.is_group_peer_lost(error):
             return ""
         seen.add(id(error))
