@@ -1,7 +1,8 @@
 """Issue 13.5: the first failure is the one reported, once. A task of a ps job raises at a random
 step, five runs for each kind of task: the launcher names it every time, its traceback appears
 exactly once, every other task says in at most one line that it stopped because of it, and the
-transport's closed-connection warnings are left out. Also the all-reduce case of a wrong --data.
+transport's closed-connection warnings are left out. Then the same for all-reduce replicas (a
+gloo process group, no Server), and the all-reduce case of a wrong --data.
 """
 
 from __future__ import annotations
@@ -31,39 +32,48 @@ def alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-def check_once(err: str, name: str, where: str) -> None:
+def check_once(err: str, where: str) -> None:
     assert err.count("Traceback (most recent call last)") == 1, where
     assert err.count('raise RuntimeError(f"injected failure in {me} at step {step}")') == 1, where
     assert "Last lines of its stderr" not in err and "encountered error" not in err, where
 
 
-@pytest.mark.parametrize("label", LABELS)
-def test_the_task_that_raised_is_named_every_time_and_its_traceback_shown_once(launcher, tmp_path, label):
+def run_and_check(launcher, folder: Path, cluster, labels, label: str) -> None:
+    """One launch in which task `label` raises at a random step, and every check on its output."""
     job, index = label.split(":")
     name = f"/job:{job}/task:{index}"
-    rng = random.Random()
+    step = random.randint(3, 15)
+    folder.mkdir()
+    p = launcher.python("-m", "towerflow", "launch", *cluster, TASK, label, str(step), str(folder),
+                        label=f"{folder.name}-{job}{index}")
+    where = f"{label} raising at step {step}:\n{p.describe()}"
+    assert p.wait(90) == 1, where
+    err = p.err
+    assert re.search(rf"^towerflow launch: {re.escape(name)} \(pid \d+ on \S+\) failed first \(", err, re.M), where
+    assert re.search(rf"RuntimeError: injected failure in {label} at step \d+$", err, re.M), where
+    check_once(err, where)
+    for other in labels:
+        if other == label:
+            continue
+        other_name = f"/job:{other.replace(':', '/task:')}"
+        said = [line for line in err.splitlines() if line.startswith(f"[{other}] ") and ": waiting for " not in line]
+        assert len(said) <= 1 and all(name in line for line in said), where  # one line, naming the cause
+        assert re.search(rf"^towerflow launch: ({re.escape(other_name)} stopped because of it|stopped the other .*"
+                         rf"{re.escape(other_name)})", err, re.M), where
+    pids = {f.stem: int(f.read_text()) for f in folder.glob("*.pid")}
+    assert sorted(pids) == sorted(labels) and not [t for t, pid in pids.items() if alive(pid)], where
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_the_task_that_raised_is_named_every_time_and_its_traceback_shown_once(launcher, tmp_path, label):
     for run in range(RUNS):
-        step = rng.randint(3, 15)
-        folder = tmp_path / str(run)
-        folder.mkdir()
-        p = launcher.python("-m", "towerflow", "launch", "--chief", "--ps", "1", "--workers", "1", TASK, label,
-                            str(step), str(folder), label=f"{job}{run}")
-        where = f"run {run}, {label} raising at step {step}:\n{p.describe()}"
-        assert p.wait(90) == 1, where
-        err = p.err
-        assert re.search(rf"^towerflow launch: {re.escape(name)} \(pid \d+ on \S+\) failed first \(", err, re.M), where
-        assert re.search(rf"RuntimeError: injected failure in {label} at step \d+$", err, re.M), where
-        check_once(err, name, where)
-        for other in LABELS:
-            if other == label:
-                continue
-            other_name = f"/job:{other.replace(':', '/task:')}"
-            said = [line for line in err.splitlines() if line.startswith(f"[{other}] ")]
-            assert len(said) <= 1 and all(name in line for line in said), where  # one line, naming the cause
-            assert re.search(rf"^towerflow launch: ({re.escape(other_name)} stopped because of it|stopped the other .*"
-                             rf"{re.escape(other_name)})", err, re.M), where
-        pids = {f.stem: int(f.read_text()) for f in folder.glob("*.pid")}
-        assert sorted(pids) == sorted(LABELS) and not [t for t, pid in pids.items() if alive(pid)], where
+        run_and_check(launcher, tmp_path / f"run{run}", ("--chief", "--ps", "1", "--workers", "1"), LABELS, label)
+
+
+def test_an_all_reduce_replica_that_raised_is_named_and_its_peer_s_gloo_error_is_a_consequence(launcher, tmp_path):
+    replicas = ("worker:0", "worker:1")
+    for label in replicas:
+        run_and_check(launcher, tmp_path / label.replace(":", ""), ("--workers", "2"), replicas, label)
 
 
 def test_a_wrong_data_folder_under_all_reduce_is_reported_once(launcher):
