@@ -2,11 +2,13 @@
 step, five runs for each kind of task: the launcher names it every time, its traceback appears
 exactly once, every other task says in at most one line that it stopped because of it, and the
 transport's closed-connection warnings are left out. Then the same for all-reduce replicas (a
-gloo process group, no Server), and the all-reduce case of a wrong --data.
+gloo process group, no Server), the all-reduce case of a wrong --data, and one launcher per task
+(`--cluster`): each names the remote task that failed first.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -89,3 +91,27 @@ def test_a_wrong_data_folder_under_all_reduce_is_reported_once(launcher):
     also = rf"^towerflow launch: /job:worker/task:{other} also failed on its own \([^)]*\): the same error$"
     assert re.search(also, err, re.M), p.describe()
     assert "Last lines of its stderr" not in err
+
+
+def test_one_task_per_host_launchers_each_name_the_remote_task_that_failed_first(launcher, tmp_path):
+    from towerflow.launch.local import free_ports
+
+    ports = free_ports(3)
+    (tmp_path / "cluster.json").write_text(json.dumps(
+        {"chief": [f"localhost:{ports[0]}"], "worker": [f"localhost:{ports[1]}"], "ps": [f"localhost:{ports[2]}"]}))
+    step = random.randint(3, 15)
+    runs = {label: launcher.python("-m", "towerflow", "launch", "--cluster", str(tmp_path / "cluster.json"),
+                                   "--job_name", label.split(":")[0], "--task_index", "0", TASK, "worker:0", str(step),
+                                   str(tmp_path), label=label.replace(":", ""))
+            for label in LABELS}
+    assert [runs[label].wait(90) for label in LABELS] == [1, 1, 1], launcher.describe()
+    for label, p in runs.items():
+        err = p.err
+        head = re.search(r"^towerflow launch: /job:worker/task:0 \(pid \d+ on \S+\) failed first(.*)$", err, re.M)
+        assert head, launcher.describe()
+        if label == "worker:0":  # its own launcher prints the traceback
+            check_once(err, launcher.describe())
+        else:  # the others name it from the record their task read in the cluster's store
+            assert head.group(1).startswith(": RuntimeError: injected failure in worker:0 at step"), launcher.describe()
+            assert "Traceback" not in err and "encountered error" not in err, launcher.describe()
+            assert f"towerflow launch: /job:{label.replace(':', '/task:')} stopped because of it" in err, launcher.describe()
