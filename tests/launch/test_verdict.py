@@ -162,3 +162,36 @@ def test_a_restarted_task_s_failure_is_said_with_the_restart(tmp_path):
     assert verdict.restart_note(own.report_path) == ". It failed:\n  " + TB.rstrip().replace("\n", "\n  ")
     assert verdict.restart_note(consequence.report_path) == "; it stopped: /job:worker/task:1 failed: RuntimeError: boom"
     assert verdict.restart_note(str(tmp_path / "none.json")) == ""
+
+
+def test_what_the_failing_task_itself_prints(monkeypatch):
+    first = rec(W1, 1)
+    ps = rec(PS, 2, cause=W1, error=f"PeerLostError: {W1} failed: RuntimeError: boom")
+    w0 = rec(W0, 3, cause=PS, error=f"PeerLostError: {W0} lost {PS}, which stopped: {W1} failed: RuntimeError: boom")
+    gloo = rec(W0, 3, cause="", error="RuntimeError: lost a peer of its process group (gloo: Connection reset by peer)")
+    monkeypatch.setattr(failures, "_report_error", None)
+    monkeypatch.setattr(failures, "_board_error", None)
+    monkeypatch.setenv(failures.ENV_ERROR_FILE, "/somewhere.json")
+    assert failures.describe(ps, first) == f"towerflow: {PS} stopped: {W1} failed: RuntimeError: boom"
+    assert failures.describe(w0, first) == f"towerflow: {W0} lost {PS}, which stopped: {W1} failed: RuntimeError: boom"
+    assert failures.describe(gloo, first) == (f"towerflow: {W0} stopped: lost a peer of its process group (gloo: "
+                                              f"Connection reset by peer) ({W1} failed first: RuntimeError: boom)")
+    assert failures.describe(first, first) == (f"towerflow: {W1} failed: RuntimeError: boom; the launcher prints its "
+                                               "traceback when the run ends")
+    assert failures.describe(rec(W0, 3), first) == f"towerflow: {W0} failed too, after {W1}: RuntimeError: boom"
+    monkeypatch.delenv(failures.ENV_ERROR_FILE)  # started by hand: nobody else prints the traceback
+    assert failures.describe(first, first) == f"towerflow: {W1} failed:\n{TB.rstrip()}"
+    monkeypatch.setattr(failures, "_board_error", "could not record this failure in the cluster's store")
+    assert failures.describe(first, None).startswith("towerflow: could not record this failure in the cluster's store\n")
+
+
+def test_an_error_is_recorded_with_a_short_reason_when_the_transport_lost_a_peer(monkeypatch):
+    monkeypatch.setenv("TOWERFLOW_JOB_NAME", "worker")
+    monkeypatch.setenv("TOWERFLOW_TASK_INDEX", "0")
+    monkeypatch.setenv("TOWERFLOW_RESTART_COUNT", "2")
+    r = failures._make(RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:61121: Connection "
+                                    "reset by peer. This is typically caused by a remote worker hanging"), None)
+    assert (r.task, r.job, r.index, r.restart, r.cause, r.traceback) == (W0, "worker", 0, 2, "", "")
+    assert r.error == "RuntimeError: lost a peer of its process group (gloo: Connection reset by peer)"
+    own = failures._make(None, TB)
+    assert own.is_own and own.error == "RuntimeError: boom" and own.traceback == TB

@@ -29,6 +29,8 @@ import traceback
 from typing import Any, Callable, Optional
 
 from towerflow.cluster import environment as _env
+from towerflow.cluster import transport as _transport
+from towerflow.cluster.spec import split_address
 from towerflow.errors import ClusterTimeoutError, PeerLostError
 
 ENV_ERROR_FILE = _env.ENV_ERROR_FILE
@@ -96,15 +98,13 @@ class FailureReport:
 def cause_of(error: BaseException) -> Optional[str]:
     """The task whose loss `error` follows from ('' when it does not say which), or None when the
     error is the task's own. Follows explicit `raise ... from` links."""
-    from towerflow.cluster import transport as _transport
-
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, PeerLostError):
             return error.task or ""
         if isinstance(error, ClusterTimeoutError) and error.missing:  # it waited for tasks that never came
             return error.missing[0]
-        if _transport.is_peer_lost(error) or _transport.is_group_peer_lost(error):
+        if _is_transport(error):
             return ""
         seen.add(id(error))
         error = error.__cause__
@@ -165,6 +165,7 @@ _attached = None  # the started Server's store (Server attaches it)
 _recorded: Optional[FailureRecord] = None
 _first: Optional[FailureRecord] = None
 _report_error: Optional[str] = None  # why the launcher's report could not be written
+_board_error: Optional[str] = None  # why the store could not number the record
 _installed = False
 _exit_at_once = False
 
@@ -189,7 +190,7 @@ def recorded() -> Optional[FailureRecord]:
 def record(error: Optional[BaseException] = None, text: Optional[str] = None) -> FailureRecord:
     """Record this task's failure (an exception, or a reason as text); once per process: later
     calls return the first record. See the module docstring for where it goes and why then."""
-    global _recorded, _first, _report_error
+    global _recorded, _first, _report_error, _board_error
     with _lock:
         if _recorded is not None:
             return _recorded
@@ -197,6 +198,8 @@ def record(error: Optional[BaseException] = None, text: Optional[str] = None) ->
         found = _with_deadline(lambda: _number(rec))
         if isinstance(found, tuple):
             rec, _first = found
+        elif found is not None:
+            _board_error = f"could not record this failure in the cluster's store, so it is not numbered: {found}"
         path = os.environ.get(ENV_ERROR_FILE)
         if path:  # before the record is published: the launcher knows before any task reacts to it
             try:
@@ -218,14 +221,10 @@ def _number(rec: FailureRecord):
 
 
 def _board() -> Optional[_Board]:
-    from towerflow.cluster import transport as _transport
-
     if _attached is not None:
         return _Board(_attached)
     address = os.environ.get(_env.ENV_STORE)
     if address:
-        from towerflow.cluster.spec import split_address
-
         host, port = split_address(address)
         store = _transport.connect_store(host, port, BOARD_TIMEOUT, answer_within=BOARD_TIMEOUT)
         return _Board(_transport.prefix_store("towerflow", store))
@@ -246,7 +245,7 @@ def _with_deadline(fn: Callable[[], Any]) -> Any:
     t = threading.Thread(target=run, name="towerflow-failure-record", daemon=True)
     t.start()
     t.join(BOARD_TIMEOUT)
-    return out.get("value")
+    return out["value"] if "value" in out else TimeoutError(f"no answer within {BOARD_TIMEOUT:g} s")
 
 
 def _restart_count() -> int:
@@ -274,7 +273,7 @@ def _make(error: Optional[BaseException], text: Optional[str]) -> FailureRecord:
     if error is not None:
         tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         cause = cause_of(error)
-        text = _transport_reason(error) if cause == "" else " ".join(str(error).split())
+        text = _transport_reason(error) if _is_transport(error) else " ".join(str(error).split())
         line = f"{type(error).__name__}: {text}".rstrip(": ")
     else:
         tb = text or ""
@@ -289,6 +288,10 @@ _GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
          "EPIPE", "EOF", "Unknown destination worker")
 
 
+def _is_transport(error: BaseException) -> bool:
+    return _transport.is_peer_lost(error) or _transport.is_group_peer_lost(error)
+
+
 def _transport_reason(error: BaseException) -> str:
     """A short reason for an error the transport raised because a peer went away (its own text
     runs to source paths and advice meant for a single process)."""
@@ -298,8 +301,13 @@ def _transport_reason(error: BaseException) -> str:
 
 
 def describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:
-    """What the task itself prints: one line, but for an own failure outside a launcher, which
-    prints the traceback in its verdict (launch/verdict.py)."""
+    """What the task itself prints: one line, and the traceback of an own failure when no launcher
+    will print it (under `towerflow launch` its verdict does, launch/verdict.py)."""
+    note = "".join(f"towerflow: {problem}\n" for problem in (_board_error, _report_error) if problem)
+    return note + _describe(rec, first)
+
+
+def _describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:
     if not rec.is_own:
         why = rec.summary.split(": ", 1)[1]
         after = f" ({first.task} failed first: {first.error})" if first and first.task not in why else ""
@@ -308,8 +316,7 @@ def describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:
         if first and first.task != rec.task:
             return f"towerflow: {rec.task} failed too, after {first.task}: {rec.error}"
         return f"towerflow: {rec.task} failed: {rec.error}; the launcher prints its traceback when the run ends"
-    note = f"towerflow: {_report_error}\n" if _report_error else ""
-    return f"{note}towerflow: {rec.task} failed:\n{rec.traceback.rstrip()}"
+    return f"towerflow: {rec.task} failed:\n{rec.traceback.rstrip()}"
 
 
 def install(exit_at_once: bool = False) -> None:
