@@ -115,3 +115,27 @@ def test_one_task_per_host_launchers_each_name_the_remote_task_that_failed_first
             assert head.group(1).startswith(": RuntimeError: injected failure in worker:0 at step"), launcher.describe()
             assert "Traceback" not in err and "encountered error" not in err, launcher.describe()
             assert f"towerflow launch: /job:{label.replace(':', '/task:')} stopped because of it" in err, launcher.describe()
+
+
+NOISE = ("[W1123 02:36:13.846443274 tensorpipe_agent.cpp:723] RPC agent for worker:0 encountered error when reading "
+         "incoming request from worker:1: EOF: end of file (this error originated at tensorpipe/x.cc:1)")
+
+
+def _supervise(tasks):
+    import io
+    import sys
+
+    from towerflow.launch.supervisor import Supervisor, TaskProcessSpec
+
+    out, err = io.StringIO(), io.StringIO()
+    specs = [TaskProcessSpec("worker", i, [sys.executable, "-c", code], {}) for i, code in enumerate(tasks)]
+    return Supervisor(specs, out=out, err=err).run(), err.getvalue()
+
+
+def test_transport_warnings_are_printed_in_a_healthy_run_and_left_out_of_a_failing_one():
+    warn = f"import sys; print({NOISE!r}, file=sys.stderr, flush=True)"
+    code, err = _supervise([warn])  # nothing failed: printed (after the hold)
+    assert code == 0 and f"[worker:0] {NOISE}" in err, err
+    code, err = _supervise([warn + "; import time; time.sleep(30)", "import time, sys; time.sleep(0.5); sys.exit(3)"])
+    assert code == 3 and "encountered error" not in err, err
+    assert "towerflow launch: left out 1 transport warning(s)" in err, err
