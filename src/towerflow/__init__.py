@@ -15,6 +15,7 @@ from towerflow.errors import (
     ClusterSpecError,
     ClusterTimeoutError,
     LaunchError,
+    PeerLostError,
     RemoteError,
 )
 from towerflow.errors import ConfigError, DataError, DeviceSpecError, PlacementError, StrategyError, TowerflowError
@@ -46,6 +47,7 @@ __all__ = [
     "ClusterSpecError",
     "ClusterTimeoutError",
     "LaunchError",
+    "PeerLostError",
     "RemoteError",
     "RemoteFuture",
     "Server",

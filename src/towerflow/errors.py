@@ -79,6 +79,10 @@ class ClusterJoinError(ClusterError):
     """Raised when a task is refused by the cluster: port in use, slot taken, spec or token mismatch."""
 
 
+class PeerLostError(ClusterError):
+    """Raised when a task cannot go on because another task (`task`) failed, vanished or stopped answering."""
+
+
 class RemoteError(ClusterError):
     """Raised when a remote call failed with an exception that could not be sent back as itself."""
 

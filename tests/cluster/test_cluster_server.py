@@ -40,13 +40,14 @@ def test_join_fails_naming_a_task_that_was_killed(procs):
     assert "/job:worker/task:1" in w0.err and "stopped answering: no heartbeat for 2 s" in w0.err, procs.describe()
 
 
-def test_a_task_that_raises_makes_the_others_fail_with_its_traceback(procs):
+def test_a_task_that_raises_makes_the_others_fail_naming_it_in_one_line(procs):
     cluster = json.dumps({"worker": [f"localhost:{p}" for p in free_ports(2)]})
     w0 = procs.python("_cluster_serve.py", cluster, "worker", "0", "fail", label="worker0")  # the coordinator fails
     w1 = procs.python("_cluster_serve.py", cluster, "worker", "1", label="worker1")
     assert w0.wait(45) == 1 and w1.wait(45) == 1, procs.describe()
-    assert "RuntimeError: task broke on purpose" in w0.err
-    assert "ClusterError: /job:worker/task:0 failed: Traceback" in w1.err and "task broke on purpose" in w1.err, procs.describe()
+    assert "towerflow: /job:worker/task:0 failed:\nTraceback" in w0.err and "RuntimeError: task broke on purpose" in w0.err
+    said = "towerflow: /job:worker/task:1 stopped: /job:worker/task:0 failed: RuntimeError: task broke on purpose"
+    assert said in w1.err.splitlines() and "Traceback" not in w1.err, procs.describe()  # the cause, in one line
 
 
 def test_a_call_to_a_task_that_went_silent_fails_naming_it(procs, tmp_path):

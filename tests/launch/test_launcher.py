@@ -67,7 +67,8 @@ def test_a_crashing_task_stops_the_others_and_sets_the_exit_code(launcher, tmp_p
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", TASK, "crash", str(tmp_path))
     assert run.wait(60) == 3, run.describe()
     assert "/job:worker/task:1" in run.err and "failed first: it exited with code 3" in run.err
-    assert "worker 1 is about to fail" in run.err and "Stopped the other 2 running task(s)" in run.err
+    assert "worker 1 is about to fail" in run.err and "stopped the other 2 running task(s)" in run.err
+    assert "Last lines of its stderr" not in run.err and run.err.count("worker 1 is about to fail") == 1  # said once
     started = pids(tmp_path)
     assert sorted(started) == ["ps:0", "worker:0", "worker:1"]
     assert not [name for name, pid in started.items() if alive(pid)], "tasks left running after the launch ended"

@@ -6,8 +6,9 @@
     towerflow launch --nproc 4 SCRIPT                                    # four CPU workers
     towerflow launch --ps 1 --workers 3 --mode sync --replicas-to-aggregate 2 SCRIPT   # one backup worker
 
-Each task's output is prefixed with its name; if a task fails the rest are stopped and the
-launch exits with the failed task's code. Every flag has both spellings (`--task-index` and
+Each task's output is prefixed with its name; if a task fails the rest are stopped, the launcher
+names the task whose own code failed first (its traceback once, a line for each task that stopped
+because of it; docs/fault-tolerance.md) and exits with that task's code. Every flag has both spellings (`--task-index` and
 `--task_index`) and falls back to an environment variable. Tasks of a cluster with ps tasks get
 THP_MEM_ALLOC_ENABLE=1, MALLOC_MMAP_THRESHOLD_=33554432 and MALLOC_TRIM_THRESHOLD_=268435456
 (allocator settings for the RPC layer's receive buffers, docs/parameter-server.md), each unless

@@ -28,6 +28,7 @@ ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher al
 ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
 ENV_RPC_TRANSPORTS = "TOWERFLOW_RPC_TRANSPORTS"  # TensorPipe transports for RPC, e.g. "uv,ibv" (default "uv")
 ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the launcher hosts it (not a task)
+ENV_ERROR_FILE = "TOWERFLOW_ERROR_FILE"  # where a failing task leaves its FailureReport for the launcher
 # PyTorch's: CPU tensors of 2 MB and more on transparent huge pages (read once, at the first allocation)
 ENV_THP_ALLOC = "THP_MEM_ALLOC_ENABLE"
 # What a task of a cluster with ps tasks gets unless the launching environment sets the variable.

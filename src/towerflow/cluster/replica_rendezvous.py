@@ -15,7 +15,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from towerflow.cluster import transport as _transport
-from towerflow.errors import ClusterError, ClusterTimeoutError
+from towerflow.errors import ClusterError, ClusterTimeoutError, PeerLostError
 
 _POLL = 0.05
 _SAY_EVERY = 5.0
@@ -37,7 +37,7 @@ def join(master_addr: str, master_port: int, rank: int, names: Sequence[str], ti
     me, world = names[rank], len(names)
     deadline = time.monotonic() + timeout
     try:
-        store = _transport.group_store(master_addr, master_port, rank == 0, timeout)
+        store = _transport.replica_group_store(master_addr, master_port, rank == 0, timeout)
     except RuntimeError as e:  # a client that never reached rank 0's store
         raise ClusterTimeoutError(
             f"{me} gave up after {timeout:g} s: the first replica {names[0]} (its process group at "
@@ -84,7 +84,7 @@ class Heartbeat:
         self.rank, self.names, self.timeout, self.every = rank, list(names), timeout, every
         # rank 0 uses the store it serves; the others their own connection with a short timeout, so
         # that a cut-off rank 0 makes a store call fail instead of blocking the watch
-        self._store = store if rank == 0 and store is not None else _transport.group_store(
+        self._store = store if rank == 0 and store is not None else _transport.replica_group_store(
             master_addr, master_port, False, timeout)
         self._stop = threading.Event()
         self._last_contact = time.monotonic()  # when the store last answered
@@ -137,9 +137,14 @@ class Heartbeat:
         return None
 
     def _lost(self, rank: int, silent: float) -> None:
-        print(f"towerflow: {self.names[self.rank]}: {self.names[rank]} stopped answering: no heartbeat for "
-              f"{silent:.0f} s and it never finished (killed, hung, or its host cut off). The all-reduce cannot go on "
-              "without it; this replica exits. Launch with --max-restarts N to restart the replicas from the newest "
-              "checkpoint (the wait is TOWERFLOW_HEARTBEAT_TIMEOUT).", file=sys.stderr, flush=True)
+        from towerflow.cluster import failures
+
+        error = PeerLostError(
+            f"{self.names[rank]} stopped answering: no heartbeat for {silent:.0f} s and it never finished (killed, "
+            "hung, or its host cut off). The all-reduce cannot go on without it; this replica exits. Launch with "
+            "--max-restarts N to restart the replicas from the newest checkpoint (the wait is "
+            "TOWERFLOW_HEARTBEAT_TIMEOUT).", task=self.names[rank].split(" at ")[0])
+        failures.record(error)  # a consequence: the launcher's verdict names the silent replica
+        print(f"towerflow: {self.names[self.rank]}: {error}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)  # the main thread is inside a collective that cannot be interrupted

@@ -21,16 +21,16 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from typing import Dict, List, Optional, Sequence
 
 from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import ending as _ending
 from towerflow.cluster import environment as _env
+from towerflow.cluster import failures as _failures
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError
+from towerflow.errors import ClusterError, ClusterJoinError, ClusterSpecError, ClusterTimeoutError, PeerLostError
 
 DEFAULT_JOIN_TIMEOUT = _env.DEFAULT_JOIN_TIMEOUT
 _SAY_EVERY = 5.0  # seconds between repeated waiting messages
@@ -167,7 +167,6 @@ class Server:
         self._sock: Optional[socket.socket] = None
         self._started = False
         self._stopped = False
-        self._failure: Optional[str] = None
         self._beating = threading.Event()
         self._beat_thread: Optional[threading.Thread] = None
         self.heartbeat_timeout = _env.heartbeat_timeout()
@@ -305,7 +304,7 @@ class Server:
         """Wait until task (job, index), whose incarnation named `lost` is gone, has been restarted
         and joined again; returns the new incarnation's RPC name.
 
-        Raises ClusterError at once when the launcher will not restart it (no restarts left), and
+        Raises PeerLostError at once when the launcher will not restart it (no restarts left), and
         ClusterTimeoutError when it is not back within `timeout` (default: heartbeat + join timeouts).
         """
         name = _task_name(job, index)
@@ -317,11 +316,10 @@ class Server:
                 return current
             incarnation = self._incarnations[(job, index)]
             if incarnation >= self.max_restarts:
-                failed = self._key("failed", job, index)
-                if self._store.check([failed]):  # it stopped on an error of its own: that is the news
-                    reason = [line for line in self._store.get(failed).decode().splitlines() if line.strip()]
-                    raise ClusterError(f"{self.name} lost {name}, which failed: {reason[-1] if reason else '?'}", task=name)
-                raise ClusterError(
+                failed = _failures.failure_of(self._store, job, index)
+                if failed is not None:  # it stopped on an error: that is the news
+                    raise PeerLostError(f"{self.name} lost {name}, which {failed.summary}", task=name)
+                raise PeerLostError(
                     f"{self.name} lost {name} ({cause}), and it will not be restarted ({incarnation} of "
                     f"{self.max_restarts} restarts used). Launch with --max-restarts N: the launcher then restarts a "
                     "lost task and training goes on.",
@@ -528,7 +526,7 @@ class Server:
     def join(self, timeout: Optional[float] = None) -> None:
         """Block until every task of the cluster is done (has called join or exited), then leave.
 
-        Raises ClusterError naming the task when another task failed, and ClusterTimeoutError
+        Raises PeerLostError naming the task when another task failed, and ClusterTimeoutError
         when `timeout` seconds pass first.
         """
         if self._stopped or not self._started:
@@ -540,11 +538,10 @@ class Server:
         try:
             while True:
                 for t in tasks:
-                    key = self._key("failed", t.job, t.task)
-                    if self._store.check([key]):
-                        reason = self._store.get(key).decode()
+                    failed = _failures.failure_of(self._store, t.job, t.task)
+                    if failed is not None:
                         self._store.set(self._key("left"), "1")  # lets a failed coordinator stop waiting for us
-                        raise ClusterError(f"{_task_name(t.job, t.task)} failed: {reason}", task=_task_name(t.job, t.task))
+                        raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
                 missing = [t for t in tasks if not self._store.check([self._key("done", t.job, t.task)])]
                 if not missing and _ending.try_end(self._store, [self._key("done", t.job, t.task) for t in tasks]):
                     break  # ended once for all: a restarted incarnation now finds it so and does not rejoin
@@ -558,25 +555,26 @@ class Server:
                     )
                 time.sleep(2 * _POLL)
         except ClusterError as e:
-            try:  # say why before leaving: the others see this task gone and look here for the reason
-                self._store.set(self._key("failed"), str(e)[-4000:])
-            except Exception:
-                pass
+            _failures.record(e)  # say why before leaving: the others see this task gone and look for the reason
             self._close(graceful=False)
             raise
         except Exception as e:  # the store went away: the coordinator is gone
             self._close(graceful=False)
-            raise ClusterError(f"{self.name} lost the cluster's coordinator while waiting for the others: {e}") from None
+            c = self.cluster.coordinator()
+            raise PeerLostError(f"{self.name} lost the cluster's coordinator while waiting for the others: {e}",
+                                task=_task_name(c.job, c.task)) from None
         self._close(graceful=True)
 
     def check_peers(self, seen: Dict[str, tuple], serving: Sequence[str] = ()) -> None:
-        """Raise ClusterError when another task that has not finished has stopped beating for longer
-        than it could take to come back (see `join`). Call it repeatedly with the same `seen` dict
-        while waiting on other tasks, so that a dead one ends the wait instead of hanging it.
+        """Raise PeerLostError when another task that has not finished failed, or has stopped beating
+        for longer than it could take to come back (see `join`). Call it repeatedly with the same
+        `seen` dict while waiting on other tasks, so that a dead one ends the wait instead of hanging it.
         Tasks of the jobs in `serving` (a worker waiting on the ps) are watched even once done."""
         me = (self.job_name, self.task_index)
         running = [t for t in self.cluster.tasks() if (t.job, t.task) != me and (
                    t.job in serving or not self._store.check([self._key("done", t.job, t.task)]))]
+        for failed in filter(None, (_failures.failure_of(self._store, t.job, t.task) for t in running)):
+            raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
         self._check_heartbeats(running, seen)
 
     def wait_watching(self, future, serving: Sequence[str] = (), task: Optional[tuple] = None, every: float = 1.0) -> None:
@@ -633,7 +631,7 @@ class Server:
                 f"the wait includes {_env.ENV_JOIN_TIMEOUT}={self.join_timeout:g} s for it to come back)"
                 if may_restart else f"{self.heartbeat_timeout:g} s"
             )
-            raise ClusterError(
+            raise PeerLostError(
                 f"{name} at {self.cluster.task_address(t.job, t.task)} stopped answering: no heartbeat for "
                 f"{waited} and it never finished. It was killed or is hung; restart the cluster, or launch with "
                 f"--max-restarts N so the launcher restarts it (the wait is {_env.ENV_HEARTBEAT_TIMEOUT}).",
@@ -644,12 +642,10 @@ class Server:
         """Tell the others this task failed (their join() raises with `reason`) and leave at once."""
         if self._stopped:
             return
-        self._failure = reason
+        _failures.record(text=reason)  # keeps the record of the exception that led here, if there was one
         try:
-            if self._store is not None:
-                self._store.set(self._key("failed"), reason[-4000:])
-                if self._hosts_store:  # keep the store up until the others have read why (or 3 s)
-                    self._wait_for_others("left", 3.0)
+            if self._store is not None and self._hosts_store:  # keep the store up until the others read why (or 3 s)
+                self._wait_for_others("left", 3.0)
         except Exception:
             pass
         self._close(graceful=False)
@@ -680,6 +676,7 @@ class Server:
             if _transport.is_rpc_running():
                 _transport.stop_rpc(graceful=False)
         finally:
+            _failures.detach(self._store)
             self._store = None
             if self._sock is not None:
                 self._sock.close()
@@ -692,25 +689,21 @@ class Server:
         if exc_type is None:
             self.join()
         else:
-            self.abort("".join(traceback.format_exception(exc_type, exc, tb)))
+            self.abort(_failures.record(exc).error)
 
     def _install_exit_hooks(self) -> None:
-        # An uncaught exception marks the task failed, so atexit aborts instead of waiting on the others.
-        previous = sys.excepthook
-
-        def hook(exc_type, exc, tb):
-            if not self._stopped:
-                self._failure = "".join(traceback.format_exception(exc_type, exc, tb))
-            previous(exc_type, exc, tb)
-
-        sys.excepthook = hook
+        # An uncaught exception is recorded as this task's failure (cluster/failures.py), so atexit
+        # aborts instead of waiting on the others.
+        _failures.attach(self._store)
+        _failures.install()
         atexit.register(self._at_exit)
 
     def _at_exit(self) -> None:
         if self._stopped:
             return
-        if self._failure is not None:
-            self.abort(self._failure)
+        failure = _failures.recorded()
+        if failure is not None:
+            self.abort(failure.error)
         else:
             self.join()
 

@@ -192,6 +192,23 @@ def is_peer_lost(error: BaseException) -> bool:
                                    "could not find destination name"))
 
 
+def is_group_peer_lost(error: BaseException) -> bool:
+    """Whether a collective of the replicas' process group failed because a member is gone (gloo's
+    'Connection reset by peer' / 'closed by peer' / broken pipe), rather than because of this replica."""
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error)
+    gone = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ECONNRESET", "EPIPE")
+    return ("gloo" in text or isinstance(error, dist.DistError)) and any(g in text for g in gone)
+
+
+def group_store() -> Optional[Store]:
+    """The store of this process's default process group (its rank 0 hosts it), or None."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
 def stop_rpc(graceful: bool = True, everyone_leaving: Optional[Callable[[], None]] = None) -> None:
     """Leave the RPC group (graceful: tell the others first) and stop the agent.
 
@@ -241,7 +258,7 @@ def deferred(fn: Callable) -> Callable:
     return rpc.functions.async_execution(fn)
 
 
-def group_store(host: str, port: int, is_master: bool, timeout: float) -> dist.TCPStore:
+def replica_group_store(host: str, port: int, is_master: bool, timeout: float) -> dist.TCPStore:
     """The store of a replicas' process group at MASTER_ADDR:MASTER_PORT: rank 0 serves it (not waiting
     for the others: `replica_rendezvous` does that and names whoever is missing), the rest connect,
     retrying until `timeout`."""

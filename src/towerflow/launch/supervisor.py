@@ -2,7 +2,9 @@
 
 Each task runs in its own session (so Ctrl-C reaches the launcher, which then stops every
 task, and a task's own children are stopped with it) and, on Linux, dies with the launcher
-(PR_SET_PDEATHSIG), so no process outlives a launch.
+(PR_SET_PDEATHSIG), so no process outlives a launch. Each task process gets its own
+TOWERFLOW_ERROR_FILE, where it leaves a report if it fails; `verdict.py` turns the reports into
+what the launcher says when the run fails.
 """
 
 from __future__ import annotations
@@ -11,19 +13,24 @@ import collections
 import ctypes
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Deque, Dict, List, Optional, Sequence, TextIO
+from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO
+
+from towerflow.cluster.environment import ENV_ERROR_FILE
+from towerflow.launch import verdict as _verdict
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 # "task": restart the task that died (parameter servers: the others go on without it);
 # "group": restart every task (all-reduce replicas cannot go on without one of theirs)
 RESTART_SCOPES = ("task", "group")
-_TAIL_LINES = 20
+_HOLD_S = 3.0  # how long a transport warning waits for a failure to become known before it is printed
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -56,12 +63,19 @@ class TaskProcessSpec:
 
 class _Running:
     def __init__(self, spec: TaskProcessSpec, restarts: int, out: TextIO, err: TextIO, lock: threading.Lock,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, reports: str = "", failing: Callable[[], bool] = lambda: False):
+        self.report_path = os.path.join(reports, f"{spec.job}.{spec.index}.{restarts}.json")
         # every task learns how many restarts are allowed: peers of a silent task wait that long for it
-        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", "TOWERFLOW_MAX_RESTARTS": str(max_restarts)}
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", "TOWERFLOW_MAX_RESTARTS": str(max_restarts),
+               ENV_ERROR_FILE: self.report_path}
         self.spec = spec
         self.restarts = restarts
-        self.tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.stopped = False  # the launcher stopped it
+        self.held: Deque[tuple] = collections.deque()  # (when, line): transport warnings not printed yet
+        self.dropped = 0
+        self._failing = failing
+        self._lock = lock
+        self._sink = err
         self.proc = subprocess.Popen(
             spec.argv,
             env=env,
@@ -78,19 +92,33 @@ class _Running:
         for t in self.threads:
             t.start()
 
-    def _pump(self, stream, sink: TextIO, lock: threading.Lock, keep: bool) -> None:
-        prefix = f"[{self.spec.label}] "
+    def _pump(self, stream, sink: TextIO, lock: threading.Lock, is_stderr: bool) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
-            if keep:
-                self.tail.append(line)
             with lock:
-                try:
-                    sink.write(prefix + line + "\n")
-                    sink.flush()
-                except (OSError, ValueError):  # our own output is gone (a closed pipe): keep draining the task's
-                    pass
+                if is_stderr and _verdict.is_transport_noise(line):
+                    self.held.append((time.monotonic(), line))
+                else:
+                    self._write(sink, line)
         stream.close()
+
+    def _write(self, sink: TextIO, line: str) -> None:  # under the lock
+        try:
+            sink.write(f"[{self.spec.label}] {line}\n")
+            sink.flush()
+        except (OSError, ValueError):  # our own output is gone (a closed pipe): keep draining the task's
+            pass
+
+    def release_held(self, everything: bool = False) -> None:
+        """Transport warnings held for _HOLD_S (or all, at the end): dropped once a task has failed
+        (they are that failure's connections closing), printed otherwise."""
+        with self._lock:
+            while self.held and (everything or time.monotonic() - self.held[0][0] >= _HOLD_S):
+                line = self.held.popleft()[1]
+                if self._failing():
+                    self.dropped += 1
+                else:
+                    self._write(self._sink, line)
 
     def signal_group(self, sig: int) -> None:
         try:
@@ -101,24 +129,10 @@ class _Running:
     def finish_output(self, timeout: float = 2.0) -> None:
         for t in self.threads:
             t.join(timeout)
+        self.release_held(everything=True)
 
-
-@dataclasses.dataclass
-class TaskFailure:
-    """The first task that failed: what a user needs to find the root cause."""
-
-    name: str
-    pid: int
-    host: str
-    exit_code: int
-    stderr_tail: List[str]
-
-    def describe(self) -> str:
-        how = f"was killed by signal {-self.exit_code}" if self.exit_code < 0 else f"exited with code {self.exit_code}"
-        text = f"{self.name} (pid {self.pid} on {self.host}) failed first: it {how}."
-        if self.stderr_tail:
-            text += "\nLast lines of its stderr:\n  " + "\n  ".join(self.stderr_tail)
-        return text
+    def end(self) -> _verdict.TaskEnd:
+        return _verdict.TaskEnd(self.spec.name, self.proc.pid, self.proc.poll(), self.stopped, self.report_path)
 
 
 class Supervisor:
@@ -139,13 +153,15 @@ class Supervisor:
         self.restart_scope = restart_scope
         self.out = out or sys.stdout
         self.err = err or sys.stderr
-        self.failure: Optional[TaskFailure] = None
+        self.failure: Optional[_verdict.Verdict] = None
         self._lock = threading.Lock()
         self._running: List[_Running] = []
+        self._reports = ""  # a folder for the tasks' failure reports, for the length of run()
+        self._failed = False  # a task process failed (it may have been restarted since)
 
     def _say(self, text: str) -> None:
         with self._lock:
-            self.err.write(f"towerflow launch: {text}\n")
+            self.err.write(f"{_verdict.PREFIX}{text}\n")
             self.err.flush()
 
     def run(self) -> int:
@@ -156,8 +172,9 @@ class Supervisor:
             # Ctrl-C stops the job even when the launch was started in the background of a
             # script (which starts it with SIGINT ignored)
             signal.signal(signal.SIGINT, _raise_interrupt)
+        self._reports = tempfile.mkdtemp(prefix="towerflow-launch-")
         try:
-            self._running = [_Running(t, 0, self.out, self.err, self._lock, self.max_restarts) for t in self.tasks]
+            self._running = [self._start(t, 0) for t in self.tasks]
             if self.max_restarts:  # restartable tasks: say which process is which (to watch them, or to test a kill)
                 self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
             return self._watch()
@@ -167,12 +184,26 @@ class Supervisor:
             return 130
         finally:
             self.stop_all()
+            shutil.rmtree(self._reports, ignore_errors=True)
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous[0])
                 signal.signal(signal.SIGINT, previous[1])
 
+    def _start(self, spec: TaskProcessSpec, restarts: int) -> _Running:
+        return _Running(spec, restarts, self.out, self.err, self._lock, self.max_restarts, self._reports, self._failing)
+
+    def _failing(self) -> bool:
+        """Whether a task has failed: a process exited non-zero, or one left a failure report (a task
+        writes it before it closes any connection, so before the warnings its failure causes)."""
+        try:
+            return self._failed or any(n.endswith(".json") for n in os.listdir(self._reports))
+        except OSError:  # the run is over and its folder gone
+            return self._failed
+
     def _watch(self) -> int:
         while True:
+            for r in self._running:
+                r.release_held()
             codes = [r.proc.poll() for r in self._running]
             if all(c == 0 for c in codes):
                 for r in self._running:
@@ -183,37 +214,45 @@ class Supervisor:
             failed = sorted((i for i, c in enumerate(codes) if c not in (None, 0)), key=lambda i: codes[i] >= 0)
             for i in failed:
                 r, code = self._running[i], codes[i]
+                self._failed = True
                 r.finish_output()
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 if r.restarts >= self.max_restarts:
-                    return self._fail(r, code)
+                    return self._fail(r)
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 if self.restart_scope == "group":
                     self._restart_all(r, how)
                     break
                 self._running[i] = self._restart(r)
                 self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
-                          f"{self.max_restarts}) as pid {self._running[i].proc.pid}")
+                          f"{self.max_restarts}) as pid {self._running[i].proc.pid}{_verdict.restart_note(r.report_path)}")
             time.sleep(0.05)
 
-    def _fail(self, r: _Running, code: int) -> int:
-        """No restarts left: stop the others, say who failed first, and return the launch's exit code."""
-        self.failure = TaskFailure(r.spec.name, r.proc.pid, socket.gethostname(), code, list(r.tail))
-        others = [o for o in self._running if o is not r and o.proc.poll() is None]
+    def _fail(self, r: _Running) -> int:
+        """No restarts left: stop the others, say who failed first (verdict.py), return the exit code."""
+        for o in self._running:
+            o.stopped = o.proc.poll() is None
         self.stop_all()
-        self._say(self.failure.describe() + (f"\nStopped the other {len(others)} running task(s)." if others else ""))
-        return code if 0 < code < 256 else 128 + (-code if code < 0 else 1)
+        for o in self._running:
+            o.finish_output(0.5)
+        dropped = sum(o.dropped for o in self._running)
+        self.failure = _verdict.decide([o.end() for o in self._running], r.end(), socket.gethostname(), dropped)
+        with self._lock:
+            self.err.write(self.failure.text + "\n")
+            self.err.flush()
+        return self.failure.exit_code
 
     def _restart(self, r: _Running, count: Optional[int] = None) -> _Running:
         """Start task r again as its restart number `count` (default: its own next one)."""
         count = r.restarts + 1 if count is None else count
         env = {**r.spec.env, "TOWERFLOW_RESTART_COUNT": str(count), "TOWERFLOW_RESTARTED_AT": repr(time.time())}
-        return _Running(dataclasses.replace(r.spec, env=env), count, self.out, self.err, self._lock, self.max_restarts)
+        return self._start(dataclasses.replace(r.spec, env=env), count)
 
     def _restart_all(self, failed: _Running, how: str) -> None:
         """Stop every task and start them all again (each resumes from the newest checkpoint)."""
         count = failed.restarts + 1
         self._say(f"{failed.spec.name} (pid {failed.proc.pid}) {how}; restarting all {len(self._running)} tasks "
-                  f"({count} of {self.max_restarts}): all-reduce replicas cannot go on without it")
+                  f"({count} of {self.max_restarts}): all-reduce replicas cannot go on without it"
+                  f"{_verdict.restart_note(failed.report_path)}")
         self.stop_all()
         self._running = [self._restart(r, count) for r in self._running]
         self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))

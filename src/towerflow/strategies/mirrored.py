@@ -15,8 +15,6 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-import sys
-import traceback
 import warnings
 from typing import Any, Optional, Sequence
 
@@ -24,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from towerflow.cluster import failures as _failures
 from towerflow.cluster import replica_rendezvous
 from towerflow.cluster.environment import heartbeat_timeout, join_timeout
 from towerflow.errors import StrategyError
@@ -65,7 +64,10 @@ class MirroredStrategy(Strategy):
         self._heartbeat: Optional[replica_rendezvous.Heartbeat] = None
         if env.is_distributed:
             self._init_group(timeout_s)
-            _install_failure_report(env)
+            # an uncaught error is recorded (its traceback, or as the consequence of a lost peer) and the
+            # replica exits at once: that closes its connections, so its peers fail within seconds rather
+            # than at the collective's timeout, and the launcher names the replica that failed first
+            _failures.install(exit_at_once=True)
         elif devices is None and device.type == "cuda" and torch.cuda.device_count() > 1:
             warnings.warn(
                 f"{type(self).__name__} in a single process trains on {device_name} only, not on all "
@@ -182,32 +184,3 @@ class MirroredStrategy(Strategy):
             self.barrier()
             dist.destroy_process_group()
         self._owns_group = False
-
-
-_installed = False
-
-
-def _install_failure_report(env: ReplicaEnv) -> None:
-    """On an uncaught error, name the replica, show the traceback, and exit at once.
-
-    Exiting (instead of tearing down a process group peers still wait on) closes this
-    replica's connections, so its peers fail within seconds rather than at the collective
-    timeout, and the launcher stops the job and reports this replica first.
-    """
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    previous = sys.excepthook
-
-    def hook(exc_type, exc, tb):
-        if issubclass(exc_type, KeyboardInterrupt):
-            return previous(exc_type, exc, tb)
-        task = f"{env.task_type}:{env.task_index}" if env.task_type else f"rank {env.rank}"
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"towerflow: replica {env.rank} of {env.world_size} ({task}) failed:\n{text}")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(1)
-
-    sys.excepthook = hook

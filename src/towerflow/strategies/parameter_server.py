@@ -325,7 +325,8 @@ class ParameterServerStrategy(Strategy):
         seen = time.monotonic()
         before = self.global_step
         say = lambda text: print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
-        say(f"lost /job:ps/task:{lost.task} at global step {before} ({lost.error}); waiting for its restart")
+        if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
+            say(f"lost /job:ps/task:{lost.task} at global step {before} ({lost.error}); waiting for its restart")
         self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
         for ch in self._channels:
             ch.to = self.server.rpc_name_of("ps", ch.task)
