@@ -168,6 +168,7 @@ _report_error: Optional[str] = None  # why the launcher's report could not be wr
 _board_error: Optional[str] = None  # why the store could not number the record
 _installed = False
 _exit_at_once = False
+_previous = sys.excepthook  # the hook that was there before towerflow's
 
 
 def attach(store) -> None:
@@ -323,23 +324,26 @@ def install(exit_at_once: bool = False) -> None:
     """Record and report an uncaught exception as this task's failure (`record`, `describe`).
 
     `exit_at_once`: then leave with os._exit(1) (all-reduce replicas: closing the connections
-    fails the peers within seconds instead of at the collective's timeout).
+    fails the peers within seconds instead of at the collective's timeout). Calling it again puts
+    the hook back on top: torch's process group wraps the excepthook in one that buffers stderr
+    until the hook returns, which an os._exit would lose.
     """
-    global _installed, _exit_at_once
+    global _installed, _exit_at_once, _previous
     _exit_at_once = _exit_at_once or exit_at_once
-    if _installed:
+    if _installed and sys.excepthook is _hook:
         return
+    if not _installed:
+        _previous = sys.excepthook
     _installed = True
-    previous = sys.excepthook
+    sys.excepthook = _hook
 
-    def hook(exc_type, exc, tb):
-        if issubclass(exc_type, KeyboardInterrupt) or exc is None:
-            return previous(exc_type, exc, tb)
-        rec = record(exc)
-        sys.stderr.write(describe(rec, _first) + "\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        if _exit_at_once:
-            os._exit(1)
 
-    sys.excepthook = hook
+def _hook(exc_type, exc, tb):
+    if issubclass(exc_type, KeyboardInterrupt) or exc is None:
+        return _previous(exc_type, exc, tb)
+    rec = record(exc)
+    sys.stderr.write(describe(rec, _first) + "\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if _exit_at_once:
+        os._exit(1)

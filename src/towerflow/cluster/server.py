@@ -235,6 +235,7 @@ class Server:
                 )
             _current = self
         self._set_local_task()
+        _failures.install()  # a failure to join is reported to the launcher like any other
         deadline = time.monotonic() + self.join_timeout
         try:
             if self.is_coordinator and self._store_address is None:

@@ -113,6 +113,11 @@ def decide(ends: Sequence[TaskEnd], first_exit: TaskEnd, host: str, dropped: int
         text = (f"{first.task} (pid {first.pid} on {first.host}) failed first{how_ordered}: {first.error}\n"
                 f"  (its traceback is in the launch output on {first.host})")
         name = first.task
+    elif first_exit.name in reports:  # no task's own error: this one stopped for another (missing, lost) one
+        end, failure = first_exit, reports[first_exit.name].failure
+        code = end.exit_code
+        text = f"{end.name} (pid {end.pid} on {host}) stopped first ({_how(code)}): {failure.error}"
+        name = end.name
     else:
         end = first_exit
         code = end.exit_code

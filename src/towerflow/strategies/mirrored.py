@@ -63,6 +63,7 @@ class MirroredStrategy(Strategy):
         self._host_group = None
         self._heartbeat: Optional[replica_rendezvous.Heartbeat] = None
         if env.is_distributed:
+            _failures.install()  # also for a failure to meet the other replicas
             self._init_group(timeout_s)
             # an uncaught error is recorded (its traceback, or as the consequence of a lost peer) and the
             # replica exits at once: that closes its connections, so its peers fail within seconds rather
