@@ -95,3 +95,13 @@ def wait_until(condition, timeout: float, what: str, poll: float = 0.05):
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"

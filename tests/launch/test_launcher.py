@@ -12,21 +12,14 @@ import pytest
 
 from _cluster_procs import wait_until
 
+from _cluster_procs import alive
+
 from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 
 TASK = str(Path(__file__).parent / "_launch_task.py")
 ROOT = Path(__file__).parent.parent.parent
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
-        return f.read().split()[2] != "Z"
 
 
 def pids(folder: Path):

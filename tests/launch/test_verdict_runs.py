@@ -9,12 +9,12 @@ gloo process group, no Server), the all-reduce case of a wrong --data, and one l
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from pathlib import Path
 
 import pytest
+from _cluster_procs import alive  # tests/cluster, on the path from tests/conftest.py
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
 
@@ -23,15 +23,6 @@ TASK = str(HERE / "_verdict_task.py")
 ROOT = HERE.parent.parent
 LABELS = ("chief:0", "worker:0", "ps:0")
 RUNS = 5
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
-        return f.read().split()[2] != "Z"
 
 
 def check_once(err: str, where: str) -> None:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -155,13 +154,3 @@ class Hosts:
             shutil.rmtree(Path("/etc/netns") / h.netns, ignore_errors=True)
         subprocess.run(["ip", "netns", "del", self.switch], capture_output=True, timeout=20)
 
-
-def wait_for(condition, timeout: float, what: str, poll: float = 0.1):
-    """Poll a condition with a deadline (no sleep-and-hope)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _cluster_procs import wait_until  # tests/cluster, on the path from tests/conftest.py
 
 REPO = Path(__file__).resolve().parent.parent.parent
 MNIST = REPO.parent / "shared" / "data" / "mnist-t10k"
@@ -118,8 +119,6 @@ def test_an_address_no_interface_owns_fails_at_once(hosts, tmp_path):
 
 
 def test_the_ps_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_path):
-    from netns import wait_for
-
     data = _mnist()
     h = hosts(3)
     cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
@@ -128,7 +127,7 @@ def test_the_ps_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_
     procs = [h.launch(h[0], cluster, "ps", 0, script, env),
              h.launch(h[1], cluster, "worker", 0, script, env),
              h.launch(h[2], cluster, "worker", 1, script, env)]
-    wait_for(lambda: re.search(r"step \d+/", procs[1].output), 120, "worker 0 to report training steps")
+    wait_until(lambda: re.search(r"step \d+/", procs[1].output), 120, "worker 0 to report training steps")
     h[0].link(up=False)
     cut = time.monotonic()
     try:
@@ -144,8 +143,6 @@ def test_the_ps_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_
 
 
 def test_a_worker_host_that_loses_every_process_comes_back_and_the_job_finishes(hosts, tmp_path):
-    from netns import wait_for
-
     data = _mnist()
     h = hosts(3)
     cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
@@ -154,7 +151,7 @@ def test_a_worker_host_that_loses_every_process_comes_back_and_the_job_finishes(
     ps = h.launch(h[0], cluster, "ps", 0, script, TOKEN, flags)
     chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)
     lost = h.launch(h[2], cluster, "worker", 1, script, TOKEN, flags)
-    wait_for(lambda: re.search(r"step \d+/", chief.output), 120, "the chief to report training steps")
+    wait_until(lambda: re.search(r"step \d+/", chief.output), 120, "the chief to report training steps")
     lost.kill()  # the launcher and its task: the host lost every process
     back = h.launch(h[2], cluster, "worker", 1, script, TOKEN, flags)  # what its operator does next
     for p in (ps, chief, back):
@@ -175,15 +172,13 @@ def test_ipv6_addresses_in_the_cluster_file(hosts, tmp_path):
 
 
 def test_an_allreduce_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_path):
-    from netns import wait_for
-
     data = _mnist()
     h = hosts(2)
     cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222", f"{h[1].name}:2222"]})
     env = {**TOKEN, "TOWERFLOW_HEARTBEAT_TIMEOUT": "4"}
     script = ["examples/mnist_sync.py", "--data", data, "--steps", "100000"]
     procs = [h.launch(h[i], cluster, "worker", i, script, env) for i in range(2)]
-    wait_for(lambda: re.search(r"train step \d+/", procs[0].output), 120, "worker 0 to report training steps")
+    wait_until(lambda: re.search(r"train step \d+/", procs[0].output), 120, "worker 0 to report training steps")
     h[1].link(up=False)
     cut = time.monotonic()
     try:
