@@ -15,6 +15,12 @@ state every --save-checkpoint-steps, and with `towerflow launch --max-restarts N
 survives a killed worker, ps or chief (docs/fault-tolerance.md):
 
     towerflow launch --ps 1 --workers 2 --max-restarts 3 --logdir runs/mnist_ps examples/mnist_ps.py --data ../shared/data/mnist-t10k
+
+On several machines, one cluster file and one launch per host (docs/cluster.md, "Several
+machines"); there a worker host that lost every process rejoins when its launch is started
+again (every host with --max-restarts N), and losing the coordinator's host (worker 0) ends the job:
+
+    towerflow launch --cluster cluster.json --job_name worker --task_index 1 --max-restarts 1 examples/mnist_ps.py --data DIR
 """
 
 import argparse
