@@ -99,9 +99,9 @@ def test_a_task_with_the_wrong_token_is_refused(hosts, tmp_path):
     h = hosts(2)
     cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222"], "ps": [f"{h[1].name}:2222"]})
     script = ["examples/mnist_ps.py", "--steps", "5"]
-    coordinator = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "20"})
+    coordinator = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "8"})
     intruder = h.launch(h[1], cluster, "ps", 0, script, {"TOWERFLOW_CLUSTER_TOKEN": "not-the-token",
-                                                         "TOWERFLOW_JOIN_TIMEOUT": "20"})
+                                                         "TOWERFLOW_JOIN_TIMEOUT": "8"})
     assert intruder.wait(60) != 0
     assert "wrong cluster token" in intruder.output, intruder.output[-3000:]
     assert coordinator.wait(60) != 0  # and the coordinator never counted it
@@ -122,7 +122,7 @@ def test_the_ps_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_
     data = _mnist()
     h = hosts(3)
     cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
-    env = {**TOKEN, "TOWERFLOW_HEARTBEAT_TIMEOUT": "4", "TOWERFLOW_JOIN_TIMEOUT": "20"}
+    env = {**TOKEN, "TOWERFLOW_HEARTBEAT_TIMEOUT": "4", "TOWERFLOW_JOIN_TIMEOUT": "10"}
     script = ["examples/mnist_ps.py", "--data", data, "--steps", "100000"]
     procs = [h.launch(h[0], cluster, "ps", 0, script, env),
              h.launch(h[1], cluster, "worker", 0, script, env),
@@ -136,7 +136,7 @@ def test_the_ps_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts, tmp_
     finally:
         h[0].link(up=True)
     assert all(c != 0 for c in codes), codes
-    assert took < 4 + 20, f"the workers took {took:.0f} s to give up on the cut-off ps (heartbeat timeout 4 s)"
+    assert took < 4 + 10, f"the workers took {took:.0f} s to give up on the cut-off ps (heartbeat timeout 4 s)"
     for p in procs[1:]:
         assert f"/job:ps/task:0 at {h[0].name}:2222 stopped answering" in p.output, p.output[-3000:]
     assert procs[0].wait(60) != 0  # the ps, alone on its side of the cut, does not hang either
