@@ -17,6 +17,7 @@ DIR/kill-me when it is there, so that the test's SIGKILL lands exactly then (no 
 * ended: as finished, but the chief ends the cluster once the test has written DIR/killed, without
   waiting for worker 1, and the restarted worker 1 starts its Server only once the cluster has
   ended (the order of the failure issue 13 reported);
+* raise: worker 1's first incarnation raises after its first 20 steps (its own error, not a kill);
 * sync_round: the chief and worker 2 stop at their step 20 (until DIR/resume exists) and the chief
   writes "GLOBAL_STEP" to DIR/kill-me once worker 1's pull waits at the ps for a round they will
   not complete.
@@ -135,6 +136,8 @@ while not strategy.is_finished and (
     local += 1
     if local == 20:
         note(f"{server.job_name}:{server.task_index}.{server.incarnation}.pid", f"{os.getpid()} {strategy.global_step}")
+        if moment == "raise" and is_target:
+            raise RuntimeError("injected failure in worker 1")
         if moment == "sync_round" and strategy.replica_id in (0, 2) and server.incarnation == 0:
             pause_for_the_round()
     time.sleep(0.005)

@@ -45,3 +45,15 @@ def test_a_killed_worker_is_restarted_and_rejoins_async_training(launcher, tmp_p
     assert fit and abs(float(fit.group(1)) - 2.0) < 0.1 and abs(float(fit.group(2)) - 0.2) < 0.1, run.out
     print(f"recovery: {recovery_s:.1f} s from SIGKILL to the restarted worker training again "
           f"(the worker's own count: {m.group(3)} s); it rejoined at global step {m.group(1)}")
+
+
+def test_a_worker_that_raises_is_restarted_and_training_goes_on(launcher, tmp_path):
+    """Its own error, not a kill: under --max-restarts the launcher restarts it, and the ps and the
+    chief treat it as a lost task that comes back (they used to stop on its recorded failure)."""
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--max-restarts", "1",
+                          TRAIN, str(tmp_path), "800", "raise")
+    assert run.wait(80) == 0, run.describe()
+    assert "RuntimeError: injected failure in worker 1" in run.err, run.err
+    assert "rejoined training (restart 1)" in run.err, run.err
+    fit = re.search(r"final: w: ([-\d.]+), b: ([-\d.]+)", run.out)
+    assert fit and abs(float(fit.group(1)) - 2.0) < 0.1 and abs(float(fit.group(2)) - 0.2) < 0.1, run.out

@@ -539,7 +539,7 @@ class Server:
         try:
             while True:
                 for t in tasks:
-                    failed = _failures.failure_of(self._store, t.job, t.task)
+                    failed = self._final_failure(t.job, t.task)
                     if failed is not None:
                         self._store.set(self._key("left"), "1")  # lets a failed coordinator stop waiting for us
                         raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
@@ -574,9 +574,17 @@ class Server:
         me = (self.job_name, self.task_index)
         running = [t for t in self.cluster.tasks() if (t.job, t.task) != me and (
                    t.job in serving or not self._store.check([self._key("done", t.job, t.task)]))]
-        for failed in filter(None, (_failures.failure_of(self._store, t.job, t.task) for t in running)):
+        for failed in filter(None, (self._final_failure(t.job, t.task) for t in running)):
             raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
         self._check_heartbeats(running, seen)
+
+    def _final_failure(self, job: str, index: int):
+        """The task's recorded failure, unless the launcher will restart it (restarts left): then it
+        is a lost task like a killed one, and the heartbeat rules wait for its next incarnation."""
+        failed = _failures.failure_of(self._store, job, index)
+        if failed is None or self._incarnation_of(job, index) < self.max_restarts:
+            return None
+        return failed
 
     def wait_watching(self, future, serving: Sequence[str] = (), task: Optional[tuple] = None, every: float = 1.0) -> None:
         """Return once the torch `future` is done. Meanwhile watch heartbeats (of `task` = (job, index)
