@@ -20,7 +20,10 @@ $(DEV_STAMP): pyproject.toml tools/setup_venv.sh
 demo: $(DEMO_STAMP)
 	$(PY) -m towerflow demo $(DEMO_ARGS)
 
+# The checks first (seconds): the layer contract of pyproject.toml, then ruff; then every test.
 test: $(DEV_STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/ruff check src tests benchmarks examples tools
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:
