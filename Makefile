@@ -24,7 +24,7 @@ demo: $(DEMO_STAMP)
 test: $(DEV_STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check src tests benchmarks examples tools
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -43,7 +43,7 @@ def test_ps_and_two_workers_on_three_hosts(hosts, tmp_path):
     data = _mnist()
     h = hosts(3)
     cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
-    script = ["examples/mnist_ps.py", "--data", data, "--steps", "400"]
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "300"]
     procs = [h.launch(h[0], cluster, "ps", 0, script, TOKEN),
              h.launch(h[1], cluster, "worker", 0, script, TOKEN),
              h.launch(h[2], cluster, "worker", 1, script, TOKEN)]
@@ -62,7 +62,7 @@ def test_allreduce_on_two_hosts_matches_one_host(hosts, tmp_path):
     h = hosts(2)
     cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222", f"{h[1].name}:2222"]})
     two_hosts = tmp_path / "two-hosts.pt"
-    script = ["examples/mnist_sync.py", "--data", data, "--steps", "120", "--seed", "3"]
+    script = ["examples/mnist_sync.py", "--data", data, "--steps", "80", "--seed", "3"]
     procs = [h.launch(h[i], cluster, "worker", i, [*script, "--save", str(two_hosts)], TOKEN) for i in range(2)]
     for p in procs:
         assert p.wait(240) == 0, p.output[-4000:]
@@ -85,23 +85,23 @@ def test_a_lonely_task_names_the_missing_one_within_the_join_timeout(hosts, tmp_
     cluster = _cluster_file(tmp_path, spec)
     script = ["examples/mnist_ps.py" if kind == "parameter-server" else "examples/mnist_sync.py", "--steps", "5"]
     started = time.monotonic()
-    lonely = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "8"})
+    lonely = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "5"})
     code = lonely.wait(60)
     took = time.monotonic() - started
     out = lonely.output
     assert code != 0
-    assert took < 8 + 15, f"the lonely task took {took:.0f} s to give up (join timeout 8 s)"
+    assert took < 5 + 15, f"the lonely task took {took:.0f} s to give up (join timeout 5 s)"
     assert f"{missing} at {h[1].name}:2222" in out, out[-3000:]
-    assert "gave up after 8 s" in out
+    assert "gave up after 5 s" in out
 
 
 def test_a_task_with_the_wrong_token_is_refused(hosts, tmp_path):
     h = hosts(2)
     cluster = _cluster_file(tmp_path, {"worker": [f"{h[0].name}:2222"], "ps": [f"{h[1].name}:2222"]})
     script = ["examples/mnist_ps.py", "--steps", "5"]
-    coordinator = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "8"})
+    coordinator = h.launch(h[0], cluster, "worker", 0, script, {**TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "5"})
     intruder = h.launch(h[1], cluster, "ps", 0, script, {"TOWERFLOW_CLUSTER_TOKEN": "not-the-token",
-                                                         "TOWERFLOW_JOIN_TIMEOUT": "8"})
+                                                         "TOWERFLOW_JOIN_TIMEOUT": "5"})
     assert intruder.wait(60) != 0
     assert "wrong cluster token" in intruder.output, intruder.output[-3000:]
     assert coordinator.wait(60) != 0  # and the coordinator never counted it
@@ -146,7 +146,7 @@ def test_a_worker_host_that_loses_every_process_comes_back_and_the_job_finishes(
     data = _mnist()
     h = hosts(3)
     cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
-    script = ["examples/mnist_ps.py", "--data", data, "--steps", "500"]
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "350"]
     flags = ["--max-restarts", "1"]  # on every host: the others wait for a lost task to come back
     ps = h.launch(h[0], cluster, "ps", 0, script, TOKEN, flags)
     chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)
