@@ -67,10 +67,8 @@ def _is_loopback(ip: str) -> bool:
 
 def resolve(host: str, where: str = "") -> List[str]:
     """The IP addresses `host` stands for on this machine (literal addresses as they are)."""
-    try:
+    if _is_literal(host):
         return [str(ipaddress.ip_address(host))]
-    except ValueError:
-        pass
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
@@ -132,7 +130,7 @@ def binding_for(cluster: ClusterSpec, job: str, index: int, local: Optional[Mapp
                 f"one of its addresses ({_listing(local)}) in the cluster file."
             )
         source = route_source(remote[0])  # this machine's name maps to loopback here (Debian's /etc/hosts)
-        return Binding(entry, source, port, local.get(source, _interface_of(source, local)), True)
+        return Binding(entry, source, port, _interface_of(source, local), True)
     raise ClusterSpecError(
         f"{name} is at {entry!r}, which resolves to {', '.join(ips)}, but no interface of this machine "
         f"({socket.gethostname()}) has that address: its addresses are {_listing(local)}. Start {name} on the "
@@ -162,14 +160,8 @@ def dial_host(cluster: ClusterSpec, host: str, local: Optional[Mapping[str, str]
     """
     ips = resolve(host)
     if not all(_is_loopback(ip) for ip in ips) or host.lower() in _LITERAL_LOOPBACK or _is_literal(host):
-        return ips[0] if not _is_literal(host) else host
+        return ips[0]
     local = local_addresses() if local is None else local
     remote = _remote_hosts(cluster, local)
     return route_source(remote[0]) if remote else ips[0]
 
-
-def dial_address(cluster: ClusterSpec, address: str) -> str:
-    """`dial_host` for a host:port; IPv6 results come back bracketed."""
-    host, port = split_address(address)
-    ip = dial_host(cluster, host)
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"

@@ -118,13 +118,14 @@ def plan_local(
     cluster = ClusterSpec({job: [f"{LOOPBACK}:{ports.pop(0)}" for _ in range(n)] for job, n in counts.items() if n})
     token = token or os.environ.get(_env.ENV_CLUSTER_TOKEN) or secrets.token_hex(16)
     tasks = []
+    here = _addresses.local_addresses()  # asked once: every task of this cluster is on this machine
     for t in cluster.tasks():
         device = device_list[t.task] if t.job == "worker" and device_list else None
         env = _env.task_environment(
             cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port,
             logdir=logdir, device=device, token=token, store=store_address,
         )
-        env.update(_interface_environment(_addresses.binding_for(cluster, t.job, t.task)))
+        env.update(_interface_environment(_addresses.binding_for(cluster, t.job, t.task, here)))
         tasks.append(TaskProcessSpec(t.job, t.task, list(script_argv), env))
     # all-reduce replicas (no ps) share one process group that a lost member breaks: restart all of them
     scope = "group" if not ps and len(tasks) > 1 else "task"
