@@ -42,6 +42,7 @@ ENV_ERROR_FILE = "TOWERFLOW_ERROR_FILE"  # where a failing task leaves its Failu
 ENV_PS_MODE = "TOWERFLOW_PS_MODE"  # async | sync | ssp (towerflow launch --mode)
 ENV_PS_REPLICAS_TO_AGGREGATE = "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"  # --replicas-to-aggregate
 ENV_PS_STALENESS = "TOWERFLOW_PS_STALENESS"  # --staleness
+ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always RPC)
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
 ENV_SCHEDULER = "TOWERFLOW_SCHEDULER"  # which scheduler resolver to use instead of detecting one (cluster/schedulers)
 ENV_PS_TASKS = "TOWERFLOW_PS_TASKS"  # how many of a scheduler's ranks are ps tasks (roles; `towerflow cluster --ps`)
@@ -60,6 +61,7 @@ DEFAULT_JOIN_TIMEOUT = 60.0
 DEFAULT_HEARTBEAT_TIMEOUT = 15.0
 RPC_TRANSPORTS = ("uv", "shm", "ibv")  # what TensorPipe offers between hosts and on one
 PS_MODES = ("async", "sync", "ssp")
+PS_LINKS = ("shm", "rpc")
 
 
 class TaskEnvironmentError(ClusterSpecError, StrategyError, ConfigError):
@@ -95,6 +97,7 @@ class TaskEnv:
     ps_mode: Optional[str] = None
     ps_replicas_to_aggregate: Optional[int] = None
     ps_staleness: Optional[int] = None
+    ps_link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
     threads_set_by_user: bool = False  # OMP_NUM_THREADS is set: do not split the CPU's cores
     socket_ifnames: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the ones already set
     scheduler_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # scheduler_variables(env): for the resolvers
@@ -183,6 +186,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         ps_mode=_choice(env, ENV_PS_MODE, PS_MODES),
         ps_replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),
         ps_staleness=_count(env, ENV_PS_STALENESS),
+        ps_link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
         threads_set_by_user=ENV_OMP_NUM_THREADS in env,
         socket_ifnames={k: env[k] for k in SOCKET_IFNAME_VARIABLES if env.get(k)},
         scheduler_env=scheduler_variables(env),

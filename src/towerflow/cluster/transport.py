@@ -176,6 +176,10 @@ def is_peer_lost(error: BaseException) -> bool:
     rather than because the called function raised: TensorPipe's own errors ('eof', 'ECONNREFUSED',
     'ECONNRESET', ... 'this error originated at tensorpipe/...') and calls to a member that was dropped
     or is no longer in this task's member list (it left the group)."""
+    from towerflow.cluster.shm_link import LinkClosed
+
+    if isinstance(error, LinkClosed):  # a same-host link's other end ended
+        return True
     if not isinstance(error, RuntimeError):
         return False
     text = str(error)

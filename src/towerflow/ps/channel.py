@@ -31,6 +31,20 @@ class Channel:
         self.ticket = Ticket(0)
         self.pushes = 0  # this worker's pushes this ps task has counted (its clock there)
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers[0])
+        self.link = None  # a same-host shared-memory link to the ps task (`linked.py`), when it has one
+        self.link_tried_for: Optional[str] = None  # the ps incarnation (RPC name) a link was last offered to
+
+    def use_link(self, link) -> None:
+        """Steps go over `link` from now on: its request slots become the push buffers (packing writes into them)."""
+        self.link = link
+        self.buffers = link.requests
+
+    def drop_link(self) -> None:
+        """The ps task was lost: close the link (its pending steps fail); the next step offers a new one."""
+        if self.link is not None:
+            self.link.close()
+        self.link = None
+        self.link_tried_for = None
 
     def _piece(self, s, t: torch.Tensor) -> torch.Tensor:
         return t[s.row_start:s.row_stop] if s.is_partitioned else t

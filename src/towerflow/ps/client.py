@@ -18,6 +18,7 @@ import torch
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
 from towerflow.ps import endpoints
+from towerflow.ps import linked
 from towerflow.ps import reshard as _reshard
 from towerflow.ps.channel import Channel
 from towerflow.ps.layout import Layout
@@ -125,6 +126,7 @@ class PSClient:
         """After a ps task was restarted: call each ps task's current incarnation, forget values fetched ahead."""
         for ch in self.channels:
             ch.to = self.server.rpc_name_of("ps", ch.task)
+            ch.drop_link()  # the next step offers the new incarnation a link
         self._pending = None
 
     def finished_key(self, worker: int) -> str:
@@ -139,6 +141,34 @@ class PSClient:
         """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSLost."""
         try:
             return _transport.call_async(ch.to, fn, args=(self.model_name, *args))
+        except RuntimeError as e:
+            if _transport.is_peer_lost(e):
+                raise PSLost(ch.task, ch.to, e) from e
+            raise
+
+    def _try_link(self, ch: Channel) -> None:
+        """Once per ps incarnation: offer a ps task of this host a shared-memory link for the steps (`linked.py`)."""
+        if ch.link_tried_for == ch.to or self.tables:
+            return
+        ch.link_tried_for = ch.to
+        if not linked.wanted(self.server.cluster, (self.server.job_name, self.server.task_index), ch.task):
+            return
+        link = linked.offer_for(ch)
+        try:
+            accepted = self.wait(ch, self.call(ch, endpoints.attach_link, self.worker, link.offer))
+            if accepted:
+                link.connect()
+                ch.use_link(link)
+        finally:
+            if ch.link is not link:
+                link.close()
+
+    def _push_pull_call(self, ch: Channel, slot: int, request: PushPull):
+        """The step's call to one ps task: over its link when it has one, else RPC; a future of `PushPulled`."""
+        if ch.link is None or request.rows is not None:
+            return self.call(ch, endpoints.push_pull, request)
+        try:
+            return linked.push_pull(ch.link, slot, request)
         except RuntimeError as e:
             if _transport.is_peer_lost(e):
                 raise PSLost(ch.task, ch.to, e) from e
@@ -244,12 +274,13 @@ class PSClient:
         self.pushes += 1
         calls = []
         for ch in self.channels:
+            self._try_link(ch)
             ch.pushes += 1
             clock = ch.pushes + (1 if self.prefetch else 0)  # the step the returned values will compute
             after = ch.ticket.step + 1 if self.policy.mode == "sync" else 0  # sync: come back after the aggregated update
             part = rows.get(ch.task)
-            calls.append(self.call(ch, endpoints.push_pull, PushPull(self.worker, ch.ticket, ch.gather(k), lr, clock, after,
-                                                                     part)))
+            request = PushPull(self.worker, ch.ticket, ch.gather(k), lr, clock, after, part)
+            calls.append(self._push_pull_call(ch, k, request))
             self._bytes_pushed[ch.task] += ch.nbytes + (part.nbytes if part is not None else 0)
         if not self.prefetch:
             self.install(calls)

@@ -15,8 +15,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
+from towerflow.ps import linked as _linked
 from towerflow.ps.messages import CreateShards, PushOutcome, PushPull, RowRead
 from towerflow.ps.policies import Ticket
 from towerflow.ps.service import ShardService
@@ -142,6 +144,13 @@ def pull(model: str, worker: int, clock: int, after_step: int = 0) -> torch.futu
 def push_pull(model: str, request: PushPull) -> torch.futures.Future:
     """One training step in one round trip: a future of `PushPulled`."""
     return _get(model).push_pull(request)
+
+
+def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:
+    """Serve `worker`'s push-pulls of the model through its shared-memory link (it is on this host); False when
+    the link's files are not here (the worker keeps RPC)."""
+    _get(model)
+    return _shm_link.serve(offer, _linked.handler(lambda: _get(model)), name=f"towerflow-link-{model}-{worker}")
 
 
 def read_rows(model: str, request: RowRead) -> List[torch.Tensor]:

@@ -1,0 +1,337 @@
+"""The ps step on a small model (issue 17): towerflow's async ps against one process and a plain RPC loop,
+and where one step's time and CPU go.
+
+    python benchmarks/ps_step.py                       # every contender, interleaved, 3 launches each
+    python benchmarks/ps_step.py --contenders ps_shm,ps_rpc --launches 5 --steps 2000
+
+The issue's setup: an MLP 64-256-256-10 on scikit-learn's 8x8 digits, batch 32 per worker, SGD
+(lr 0.05), one torch thread per process (OMP_NUM_THREADS=1 in every process of every contender).
+
+* one_process: the plain PyTorch loop (zero_grad, forward, backward, step), one process.
+* rpc_loop: 1 ps + 2 workers; each step pulls the flat values, computes, pushes the flat gradient,
+  each a `torch.distributed.rpc` call to a function on the ps (the naive loop towerflow should beat).
+* ps_rpc: towerflow's async ParameterServerStrategy, 1 ps + 2 workers, TOWERFLOW_PS_LINK=rpc.
+* ps_shm: the same with the same-host shared-memory link (the default on one host).
+* ps_shm_prefetch: ps_shm with prefetch=True (next values pulled while the worker computes).
+
+Multi-worker rates are totals: all workers' steps over the span from the first worker's start to the
+last one's end. For the towerflow contenders worker 0 also reports a breakdown per step: compute
+(forward + backward), packing, time waiting for the ps's reply, installing the values, the ps's own
+time in the call (push: coordinator + optimizer; the reply), and the CPU seconds and voluntary
+context switches per step of the worker and the ps. Writes benchmarks/results/ps_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch")
+BATCH, LR = 32, 0.05
+
+
+def mlp() -> nn.Module:  # 84,490 parameters
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def batches(seed: int):
+    """The digits, shuffled, in batches of BATCH, forever."""
+    from towerflow.data import load_mnist_or_digits
+
+    x, y = load_mnist_or_digits(None).train.tensors
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(y), generator=g)
+        for i in range(0, len(y) - BATCH + 1, BATCH):
+            idx = order[i:i + BATCH]
+            yield x[idx], y[idx]
+
+
+def _usage() -> tuple:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_nvcsw + r.ru_nivcsw
+
+
+# ---------------------------------------------------------------- ps-side helpers (called by name over RPC)
+_hand: dict = {}
+_ps_timers = {"push_s": 0.0, "pull_s": 0.0, "calls": 0}
+
+
+def _by_name():
+    """This file as the module `ps_step`, so the ps resolves the helpers sent to it by name."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import ps_step
+
+    return ps_step
+
+
+def _hand_init(values: torch.Tensor) -> None:
+    _hand.setdefault("p", values.clone())
+
+
+def _hand_pull() -> torch.Tensor:
+    return _hand["p"]
+
+
+def _hand_push(grad: torch.Tensor) -> None:
+    _hand["p"].sub_(grad, alpha=LR)
+
+
+def _ps_usage() -> tuple:
+    return _usage()
+
+
+def _ps_instrument() -> None:
+    """On the ps: time ShardService.push and .pull (what the ps itself does for a step)."""
+    from towerflow.ps import service
+
+    cls = service.ShardService
+    if getattr(cls, "_timed", False):
+        return
+    push, pull = cls.push, cls.pull
+
+    def timed_push(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return push(self, *a, **k)
+        finally:
+            _ps_timers["push_s"] += time.perf_counter() - t
+            _ps_timers["calls"] += 1
+
+    def timed_pull(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return pull(self, *a, **k)
+        finally:
+            _ps_timers["pull_s"] += time.perf_counter() - t
+
+    cls.push, cls.pull, cls._timed = timed_push, timed_pull, True
+
+
+def _ps_timers_now() -> dict:
+    return dict(_ps_timers)
+
+
+# ---------------------------------------------------------------- the loops
+def one_process(steps: int, warmup: int) -> dict:
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(0)
+
+    def one():
+        x, y = next(data)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        one()
+    t0 = time.time()
+    for _ in range(steps):
+        one()
+    return {"workers": [{"steps": steps, "start": t0, "end": time.time()}]}
+
+
+def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    from towerflow.cluster import transport
+
+    me = _by_name()
+    torch.manual_seed(0)
+    model = mlp()
+    transport.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(),)).wait()
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(worker)
+
+    def one():
+        x, y = next(data)
+        vector_to_parameters(transport.call_async("ps:0", me._hand_pull).wait(), model.parameters())
+        model.zero_grad()
+        loss_fn(model(x), y).backward()
+        transport.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
+
+    for _ in range(warmup):
+        one()
+    t0 = time.time()
+    for _ in range(steps):
+        one()
+    return {"steps": steps, "start": t0, "end": time.time()}
+
+
+def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch: bool) -> dict:
+    from towerflow.cluster import transport
+    from towerflow.ps import channel
+
+    me = _by_name()
+    strategy = strategy_cls(mode="async", prefetch=prefetch)
+    torch.manual_seed(0)
+    model = mlp()
+    model, opt = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+    loss_fn = nn.CrossEntropyLoss()
+    data = batches(worker)
+    pack = {"s": 0.0}
+    gather = channel.Channel.gather
+
+    def timed_gather(self, k):
+        t = time.perf_counter()
+        try:
+            return gather(self, k)
+        finally:
+            pack["s"] += time.perf_counter() - t
+
+    channel.Channel.gather = timed_gather
+    compute = step_s = 0.0
+
+    def one():
+        nonlocal compute, step_s
+        x, y = next(data)
+        t = time.perf_counter()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        t1 = time.perf_counter()
+        opt.step()
+        compute += t1 - t
+        step_s += time.perf_counter() - t1
+
+    if worker == 0:
+        transport.call_async("ps:0", me._ps_instrument).wait()
+    for _ in range(warmup):
+        one()
+    compute = step_s = pack["s"] = 0.0
+    wait0 = strategy.client._pull_wait_s
+    ps0 = transport.call_async("ps:0", me._ps_timers_now).wait() if worker == 0 else None
+    ps_u0 = transport.call_async("ps:0", me._ps_usage).wait() if worker == 0 else None
+    u0 = _usage()
+    t0 = time.time()
+    for _ in range(steps):
+        one()
+    end = time.time()
+    out = {"steps": steps, "start": t0, "end": end, "linked": any(ch.link is not None for ch in strategy.client.channels)}
+    if worker == 0:
+        u1 = _usage()
+        ps1 = transport.call_async("ps:0", me._ps_timers_now).wait()
+        ps_u1 = transport.call_async("ps:0", me._ps_usage).wait()
+        wait = strategy.client._pull_wait_s - wait0
+        wall = end - t0
+        out["per_step_us"] = {k: v / steps * 1e6 for k, v in {
+            "wall": wall, "compute": compute, "step": step_s, "pack": pack["s"], "wait_reply_and_install": wait,
+            "other_in_step": step_s - pack["s"] - wait, "worker_cpu": u1[0] - u0[0],
+            "ps_push (all workers)": ps1["push_s"] - ps0["push_s"], "ps_pull (all workers)": ps1["pull_s"] - ps0["pull_s"],
+            "ps_cpu (all workers)": ps_u1[0] - ps_u0[0]}.items()}
+        out["per_step_switches"] = {"worker": (u1[1] - u0[1]) / steps, "ps (all workers)": (ps_u1[1] - ps_u0[1]) / steps}
+        out["ps_calls"] = ps1["calls"] - ps0["calls"]
+    strategy.finish()
+    return out
+
+
+def in_cluster(args) -> None:
+    import towerflow
+
+    server = towerflow.Server()  # the launcher's task; ps tasks serve (the launcher runs them)
+    worker = server.task_index
+    if args.contender == "rpc_loop":
+        out = rpc_loop(worker, args.steps, args.warmup)
+    else:
+        out = towerflow_loop(towerflow.ParameterServerStrategy, worker, args.steps, args.warmup,
+                             prefetch=args.contender.endswith("prefetch"))
+    server.join()
+    with open(os.path.join(args.out, f"{args.contender}-{worker}.json"), "w") as f:
+        json.dump(out, f)
+
+
+# ---------------------------------------------------------------- the driver
+def run_one(contender: str, args, out_dir: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src"), "OMP_NUM_THREADS": "1",
+           "TOWERFLOW_PS_LINK": "rpc" if contender == "ps_rpc" else "shm"}
+    if contender == "one_process":
+        cmd = [sys.executable, os.path.abspath(__file__), "--one-process", "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--out", out_dir]
+    else:
+        cmd = [sys.executable, "-m", "towerflow", "launch", "--ps", "1", "--workers", "2", os.path.abspath(__file__),
+               "--in-cluster", "--contender", contender, "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--out", out_dir]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"{contender} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if contender == "one_process":
+        return json.load(open(os.path.join(out_dir, "one_process.json")))
+    return {"workers": [json.load(open(os.path.join(out_dir, f"{contender}-{w}.json"))) for w in range(2)]}
+
+
+def total_rate(result: dict) -> float:
+    workers = result["workers"]
+    span = max(w["end"] for w in workers) - min(w["start"] for w in workers)
+    return sum(w["steps"] for w in workers) / span
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--launches", type=int, default=3)
+    p.add_argument("--steps", type=int, default=1500, help="timed steps per worker")
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--out", default=None)
+    p.add_argument("--in-cluster", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--contender", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.in_cluster:
+        return in_cluster(args)
+    if args.one_process:
+        torch.set_num_threads(1)
+        with open(os.path.join(args.out, "one_process.json"), "w") as f:
+            json.dump(one_process(args.steps, args.warmup), f)
+        return
+    contenders = args.contenders.split(",")
+    bad = [c for c in contenders if c not in CONTENDERS]
+    if bad:
+        raise SystemExit(f"--contenders: unknown {bad}; expected some of {', '.join(CONTENDERS)}")
+    runs = {c: [] for c in contenders}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.launches):
+            for c in contenders:  # interleaved: each launch runs every contender once
+                r = run_one(c, args, tmp)
+                r["steps_per_s"] = total_rate(r)
+                r["load_average"] = os.getloadavg()[0]
+                runs[c].append(r)
+                print(f"launch {i + 1}/{args.launches} {c:16s} {r['steps_per_s']:8.1f} steps/s (load {r['load_average']:.1f})",
+                      flush=True)
+    base = {c: statistics.median(r["steps_per_s"] for r in rs) for c, rs in runs.items()}
+    summary = {"machine": f"{os.cpu_count()} cores, torch {torch.__version__}", "medians_steps_per_s": base}
+    print("medians (total steps/s):")
+    for c, v in base.items():
+        ratios = ", ".join(f"{v / base[o]:.2f}x {o}" for o in ("one_process", "rpc_loop") if o in base and o != c)
+        print(f"  {c:16s} {v:8.1f}  {ratios}")
+    for c, rs in runs.items():
+        parts = [r["workers"][0].get("per_step_us") for r in rs if r["workers"][0].get("per_step_us")]
+        if parts:
+            med = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+            summary.setdefault("breakdown_us", {})[c] = med
+            print(f"  {c} worker 0 per step (us, medians): " + ", ".join(f"{k} {v:.0f}" for k, v in med.items()))
+            sw = [r["workers"][0]["per_step_switches"] for r in rs]
+            print(f"  {c} context switches per step: " + ", ".join(
+                f"{k} {statistics.median(s[k] for s in sw):.1f}" for k in sw[0]))
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(args.out or os.path.join(RESULTS, "ps_step.json"), "w") as f:
+        json.dump({"summary": summary, "runs": runs, "args": vars(args)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

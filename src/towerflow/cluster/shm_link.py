@@ -1,0 +1,243 @@
+"""Same-host calls whose tensors live in shared memory and whose doorbell is a pipe.
+
+Between two tasks of one host a TensorPipe call costs about a millisecond of round trip,
+thread hand-offs and serialization (docs/benchmarks.md, "The ps step, broken down"); a
+parameter server's step on a small model is mostly that. A link is a fixed-shape
+request/reply channel for one caller: two slots of request tensors and two of reply tensors,
+mapped from files in /dev/shm (`torch.from_file(shared=True)`: PyTorch's shared memory), and
+two named pipes. The request pipe carries a small pickled header (the slot and the typed
+message without its tensors), the reply pipe the same back. The files and pipes are unlinked
+once both ends have opened them: nothing is left behind, even when a process dies.
+
+A dead peer reads as end-of-file on its pipe: the caller's pending calls fail with
+`LinkClosed`, and the serving loop ends. A caller waits for a slot's reply before reusing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import pickle
+import struct
+import threading
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+SHM_DIR = "/dev/shm"
+SLOTS = 2  # one slot may be in flight while the caller fills the other
+_LENGTH = struct.Struct("<I")
+
+TensorSpecs = Tuple[Tuple[int, torch.dtype], ...]  # (numel, dtype) of each tensor of a slot
+
+
+class LinkClosed(RuntimeError):
+    """The other end of a link is gone (its process ended): what a TensorPipe call to a dead task is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkOffer:
+    """What the caller sends (over RPC) to the task that will serve the link: where its files are."""
+
+    prefix: str  # /dev/shm/towerflow-link-<random>: the files are prefix + ".q<k>.<i>", ".r<k>.<i>", ".in", ".out"
+    requests: TensorSpecs
+    replies: TensorSpecs
+
+    def path(self, suffix: str) -> str:
+        return f"{self.prefix}.{suffix}"
+
+
+def _mapped(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
+    if not create and not os.path.exists(path):
+        raise FileNotFoundError(path)  # torch.from_file would create it: another host's file is not here
+    return torch.from_file(path, shared=True, size=max(numel, 1), dtype=dtype)[:numel]
+
+
+def _slots(offer: LinkOffer, kind: str, specs: TensorSpecs, create: bool) -> List[List[torch.Tensor]]:
+    return [[_mapped(offer.path(f"{kind}{k}.{i}"), n, d, create) for i, (n, d) in enumerate(specs)]
+            for k in range(SLOTS)]
+
+
+def _blocking(fd: int) -> int:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def _write_frame(fd: int, lock: threading.Lock, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    with lock:  # replies may be sent from several threads (a sync pull is answered by another worker's push)
+        view = memoryview(_LENGTH.pack(len(data)) + data)
+        while view:
+            view = view[os.write(fd, view):]
+
+
+def _read_exact(fd: int, n: int) -> Optional[bytes]:
+    parts, got = [], 0
+    while got < n:
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            return None  # end of file: the writer is gone
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _read_frame(fd: int) -> Optional[Any]:
+    head = _read_exact(fd, _LENGTH.size)
+    if head is None:
+        return None
+    body = _read_exact(fd, _LENGTH.unpack(head)[0])
+    return None if body is None else pickle.loads(body)
+
+
+class LinkClient:
+    """The caller's end: owns the shared tensors and the pipes; `call(slot, header)` is a future of the reply header."""
+
+    def __init__(self, requests: TensorSpecs, replies: TensorSpecs, directory: str = SHM_DIR):
+        self.offer = LinkOffer(os.path.join(directory, f"towerflow-link-{uuid.uuid4().hex}"), tuple(requests), tuple(replies))
+        self._paths = [self.offer.path(f"{kind}{k}.{i}") for kind, specs in (("q", requests), ("r", replies))
+                       for k in range(SLOTS) for i in range(len(specs))] + [self.offer.path("in"), self.offer.path("out")]
+        self.requests = _slots(self.offer, "q", self.offer.requests, create=True)
+        self.replies = _slots(self.offer, "r", self.offer.replies, create=True)
+        os.mkfifo(self.offer.path("in"))
+        os.mkfifo(self.offer.path("out"))
+        # open the reply pipe first (without waiting for a writer), so that the server's open for writing succeeds
+        self._reply_fd = os.open(self.offer.path("out"), os.O_RDONLY | os.O_NONBLOCK)
+        # and hold the request pipe's write end from the start (read-write: Linux opens a pipe so without waiting),
+        # so that the server's first read waits for a request instead of seeing end of file
+        self._request_fd: Optional[int] = os.open(self.offer.path("in"), os.O_RDWR)
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._pending: Dict[int, torch.futures.Future] = {}
+        self._closed: Optional[str] = None
+
+    def connect(self) -> None:
+        """The server has opened its ends (its attach call returned): open ours, drop the names, start reading."""
+        _blocking(self._reply_fd)
+        self.unlink()
+        threading.Thread(target=self._read_replies, name="towerflow-link", daemon=True).start()
+
+    def unlink(self) -> None:
+        """Remove the files' names (the mappings and open pipes stay valid)."""
+        for path in self._paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def call(self, slot: int, header: Any) -> torch.futures.Future:
+        """Send `header` for the request tensors of `slot` (filled by the caller); a future of the reply header."""
+        future: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if self._closed is not None:
+                raise LinkClosed(self._closed)
+            if slot in self._pending:
+                raise RuntimeError(f"internal: slot {slot} of the link is still in flight")
+            self._pending[slot] = future
+        try:
+            _write_frame(self._request_fd, self._write_lock, (slot, header))
+        except OSError as e:  # EPIPE: the server is gone
+            self._fail(f"the link's server is gone: {e}")
+        return future
+
+    def _read_replies(self) -> None:
+        while True:
+            try:
+                frame = _read_frame(self._reply_fd)
+            except OSError as e:
+                frame, why = None, str(e)
+            else:
+                why = "end of file on the reply pipe"
+            if frame is None:
+                self._fail(f"the link's server is gone ({why})")
+                return
+            slot, ok, payload = frame
+            with self._lock:
+                future = self._pending.pop(slot, None)
+            if future is None:
+                continue
+            if ok:
+                future.set_result(payload)
+            else:
+                future.set_exception(payload)
+
+    def _fail(self, why: str) -> None:
+        with self._lock:
+            self._closed = why
+            pending, self._pending = list(self._pending.values()), {}
+        for future in pending:
+            future.set_exception(LinkClosed(why))
+
+    def close(self) -> None:
+        """Stop using the link: pending calls fail, the server's loop sees end of file."""
+        self.unlink()
+        for fd in (self._request_fd, self._reply_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._request_fd = None
+        self._fail("the link was closed by its caller")
+
+
+Handler = Callable[[Any, List[torch.Tensor], List[torch.Tensor]], torch.futures.Future]
+
+
+def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server") -> bool:
+    """Serve `offer` in a thread: handler(header, request tensors, reply tensors) returns a future of the reply
+    header, having written (or writing, before it completes) the reply tensors. False when the offer's files are
+    not on this host (the caller then keeps using RPC)."""
+    try:
+        requests = _slots(offer, "q", offer.requests, create=False)
+        replies = _slots(offer, "r", offer.replies, create=False)
+        request_fd = _blocking(os.open(offer.path("in"), os.O_RDONLY | os.O_NONBLOCK))
+    except FileNotFoundError:
+        return False
+    try:
+        reply_fd = _blocking(os.open(offer.path("out"), os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # ENXIO: the caller is no longer reading
+        os.close(request_fd)
+        return False
+    lock = threading.Lock()
+
+    def answer(slot: int, future: torch.futures.Future) -> None:
+        try:
+            message = (slot, True, future.value())
+        except Exception as e:  # the handler's error goes back to the caller, as an RPC's would
+            message = (slot, False, e)
+        try:
+            _write_frame(reply_fd, lock, message)
+        except OSError:  # the caller is gone; the loop sees end of file and stops
+            pass
+
+    def loop() -> None:
+        try:
+            while True:
+                frame = _read_frame(request_fd)
+                if frame is None:
+                    return
+                slot, header = frame
+                try:
+                    future = handler(header, requests[slot], replies[slot])
+                except Exception as e:
+                    future = torch.futures.Future()
+                    future.set_exception(e)
+                future.add_done_callback(lambda f, slot=slot: answer(slot, f))
+        finally:
+            for fd in (request_fd, reply_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    threading.Thread(target=loop, name=name, daemon=True).start()
+    return True
+
+
+def same_host(address_a: str, address_b: str) -> bool:
+    """Whether two tasks' `host:port` addresses name the same host (the name as written: a link is only
+    tried then, so tasks given distinct host names keep RPC even when they share a machine)."""
+    return address_a.rsplit(":", 1)[0] == address_b.rsplit(":", 1)[0]

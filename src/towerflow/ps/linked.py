@@ -1,0 +1,74 @@
+"""A ps step over a same-host link (`cluster/shm_link.py`) instead of an RPC call.
+
+A worker and a ps task on one host exchange each step's gradients and values through
+shared tensors: the worker packs its gradients straight into the link's request slot
+(the channel's push buffers are those tensors), the ps task runs the very same
+`ShardService.push_pull` as for an RPC call, with the slot as the gradients, and copies the
+values it would have sent into the reply slot. The ps stays the owner; the modes keep their
+semantics because the same coordinator decides. Dense variables only: a step that carries
+table rows goes over RPC.
+
+When a link is tried (`wanted`): both tasks' addresses in the cluster name the same host and
+TOWERFLOW_PS_LINK is not "rpc". A ps task that cannot open the worker's files (another
+host after all) declines, and the channel keeps RPC.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional
+
+import torch
+
+from towerflow import taskenv as _taskenv
+from towerflow.cluster import shm_link
+from towerflow.ps.messages import Pulled, PushPull, PushPulled
+
+
+def wanted(cluster, worker_task: tuple, ps_task: int) -> bool:
+    """Whether this worker should offer the ps task a shared-memory link."""
+    if _taskenv.current().ps_link == "rpc":
+        return False
+    try:
+        return shm_link.same_host(cluster.task_address(*worker_task), cluster.task_address("ps", ps_task))
+    except Exception:  # a task without an address (not in the spec): no link
+        return False
+
+
+def offer_for(ch) -> shm_link.LinkClient:
+    """A link whose request and reply slots have the shapes of the channel's flat buffers (one per dtype)."""
+    specs = tuple((b.numel(), b.dtype) for b in ch.buffers[0])
+    return shm_link.LinkClient(specs, specs)
+
+
+def push_pull(link: shm_link.LinkClient, slot: int, request: PushPull) -> torch.futures.Future:
+    """Send the step whose gradients are already in `slot`'s request tensors; a future of `PushPulled` whose
+    values are the slot's reply tensors (valid until the slot is used again, two steps later)."""
+    header = dataclasses.replace(request, grads=())
+    values = link.replies[slot]
+    return link.call(slot, header).then(lambda f: _with_values(f.value(), values))
+
+
+def _with_values(reply: PushPulled, values: List[torch.Tensor]) -> PushPulled:
+    return PushPulled(reply.outcome, Pulled(reply.pulled.ticket, values))
+
+
+def handler(service_of: Callable[[], object]) -> shm_link.Handler:
+    """The ps side: run `push_pull` of the current service with the slot's gradients, reply with the values copied."""
+
+    def handle(header: PushPull, grads: List[torch.Tensor], reply: List[torch.Tensor]) -> torch.futures.Future:
+        future = service_of().push_pull(dataclasses.replace(header, grads=grads))
+        return future.then(lambda f: _into(f.value(), reply))
+
+    return handle
+
+
+def _into(result: PushPulled, reply: List[torch.Tensor]) -> PushPulled:
+    if reply:
+        torch._foreach_copy_(reply, list(result.pulled.values))
+    return PushPulled(result.outcome, Pulled(result.pulled.ticket, []))
+
+
+def close(link: Optional[shm_link.LinkClient]) -> None:
+    if link is not None:
+        link.close()
