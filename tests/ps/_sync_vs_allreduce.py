@@ -58,6 +58,7 @@ def main() -> None:
         ps.wait_for_workers(refresh=False)
         results["ps_sync"] = ps.variables()
         results["ps_global_step"] = ps.global_step
+        results["ps_links"] = ps.metrics()["links"]
     else:
         ps.finish()
 

@@ -3,7 +3,8 @@
 One `towerflow launch --ps 1 --workers 2` of `_sync_vs_allreduce.py`: the two workers train the
 same float64 model on the same global batches, first through the ps (mode="sync",
 replicas_to_aggregate=2, SGD with momentum on the ps), then with MultiWorkerMirroredStrategy
-(DDP over gloo, SGD on each worker). The final parameters must agree to 1e-10.
+(DDP over gloo, SGD on each worker). The final parameters must agree to 1e-10, with the ps steps going
+over the same-host shared-memory link and over RPC.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 SCRIPT = str(Path(__file__).parent / "_sync_vs_allreduce.py")
 
 
-def test_sync_with_every_replica_ends_with_the_all_reduce_strategy_parameters(launcher, tmp_path):
+@pytest.mark.parametrize("link", ["shm", "rpc"])
+def test_sync_with_every_replica_ends_with_the_all_reduce_strategy_parameters(launcher, tmp_path, link):
+    """Through the same-host shared-memory link (the default on one host) and through RPC alike."""
     import _sync_vs_allreduce as script
 
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", SCRIPT, "--out", str(tmp_path),
-                          env={"OMP_NUM_THREADS": "1"}, label="launch")
+                          env={"OMP_NUM_THREADS": "1", "TOWERFLOW_PS_LINK": link}, label="launch")
     assert run.wait(90) == 0, launcher.describe()
     got = torch.load(tmp_path / "params.pt")
     assert got["replicas"] == [2, 2] and got["ps_global_step"] == script.STEPS
+    assert got["ps_links"] == {"/job:ps/task:0": link}
     ps, allreduce = got["ps_sync"], got["allreduce"]
     assert sorted(ps) == sorted(allreduce) == sorted(n for n, _ in script.build_model().named_parameters())
     initial = dict(script.build_model().named_parameters())

@@ -362,7 +362,8 @@ class PSClient:
         return {f"/job:ps/task:{ch.task}": r for ch, r in zip(self.channels, self.on_all(endpoints.metrics))}
 
     def metrics(self) -> dict:
-        """This worker's view: steps/s, bytes pushed and pulled per ps task, what became of its pushes."""
+        """This worker's view: steps/s, bytes pushed and pulled per ps task, what became of its pushes, and how it
+        reaches each ps task ("shm": the same-host link, else "rpc")."""
         elapsed = time.perf_counter() - self._started if self._started else 0.0
         ps = lambda counts: {f"/job:ps/task:{t}": n for t, n in sorted(counts.items())}  # noqa: E731
         return {
@@ -378,4 +379,5 @@ class PSClient:
             "pushes_dropped": self._outcomes["dropped"],
             "staleness_histogram": dict(sorted(self._staleness.items())),
             "pull_wait_s": self._pull_wait_s,
+            "links": {f"/job:ps/task:{ch.task}": "shm" if ch.link is not None else "rpc" for ch in self.channels},
         }

@@ -1,0 +1,99 @@
+"""cluster/shm_link.py: a same-host request/reply link whose tensors live in shared memory.
+
+Both ends run in this process (the server end in its thread, as a ps task runs it); the files live
+in a temporary folder instead of /dev/shm, which changes nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from towerflow.cluster import shm_link
+from towerflow.cluster.transport import is_peer_lost
+
+SPECS = ((5, torch.float32), (3, torch.float64))
+
+
+def _double(header, requests, replies):
+    """The server's work: reply = 2 * request, header echoed with a mark."""
+    for r, q in zip(replies, requests):
+        r.copy_(q * 2)
+    done = torch.futures.Future()
+    done.set_result(("done", header))
+    return done
+
+
+def _linked(tmp_path, handler=_double):
+    client = shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
+    assert shm_link.serve(client.offer, handler)
+    client.connect()
+    return client
+
+
+def test_a_call_sees_the_request_tensors_and_returns_the_reply_tensors(tmp_path):
+    client = _linked(tmp_path)
+    for step in range(5):  # both slots, several times: the tensors are reused, never re-sent
+        slot = step % shm_link.SLOTS
+        for t in client.requests[slot]:
+            t.copy_(torch.arange(t.numel(), dtype=t.dtype) + step)
+        assert client.call(slot, {"step": step}).wait() == ("done", {"step": step})
+        for q, r in zip(client.requests[slot], client.replies[slot]):
+            torch.testing.assert_close(r, q * 2)
+    client.close()
+
+
+def test_no_file_is_left_behind_once_both_ends_are_open(tmp_path):
+    client = _linked(tmp_path)
+    assert os.listdir(tmp_path) == []
+    client.close()
+
+
+def test_an_error_on_the_server_reaches_the_caller_as_itself(tmp_path):
+    def fails(header, requests, replies):
+        raise ValueError(f"bad header {header!r}")
+
+    client = _linked(tmp_path, fails)
+    with pytest.raises(ValueError, match="bad header 7"):
+        client.call(0, 7).wait()
+    client.close()
+
+
+def test_a_server_whose_end_closes_fails_the_pending_call_as_a_lost_peer(tmp_path):
+    # a server that never answers; then its end of the reply pipe closes (as when its process dies)
+    client = shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
+    reply_fd = os.open(client.offer.path("out"), os.O_WRONLY | os.O_NONBLOCK)
+    client.connect()
+    future = client.call(0, "hello")
+    os.close(reply_fd)
+    with pytest.raises(shm_link.LinkClosed) as info:
+        future.wait()
+    assert is_peer_lost(info.value), "the ps client must treat a closed link as a lost ps task"
+    with pytest.raises(shm_link.LinkClosed):
+        client.call(1, "again")
+    client.close()
+
+
+def test_a_slot_in_flight_is_not_reused(tmp_path):
+    never = torch.futures.Future()
+    client = _linked(tmp_path, lambda header, q, r: never)
+    client.call(0, "first")
+    with pytest.raises(RuntimeError, match="slot 0 .* still in flight"):
+        client.call(0, "second")
+    client.close()
+
+
+def test_an_offer_from_another_host_is_declined(tmp_path):
+    client = shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
+    elsewhere = shm_link.LinkOffer(str(tmp_path / "not-here"), SPECS, SPECS)  # files this host does not have
+    assert shm_link.serve(elsewhere, _double) is False
+    assert not (tmp_path / "not-here.q0.0").exists(), "declining must not create the files"
+    client.close()
+
+
+@pytest.mark.parametrize("a, b, same", [("vm:2222", "vm:2223", True), ("10.0.0.1:1", "10.0.0.2:1", False),
+                                        ("[::1]:5", "[::1]:6", True), ("hosta:1", "hostb:1", False)])
+def test_same_host_compares_the_host_part_of_addresses(a, b, same):
+    assert shm_link.same_host(a, b) is same
