@@ -71,6 +71,7 @@ def test_the_chief_rule_is_tensorflows():
         ("TOWERFLOW_HEARTBEAT_TIMEOUT", "0", "TOWERFLOW_HEARTBEAT_TIMEOUT='0'"),
         ("TOWERFLOW_RPC_TRANSPORTS", "uv,tcp", "unknown transport 'tcp'; expected a comma-separated list of uv, shm, ibv"),
         ("TOWERFLOW_PS_MODE", "eventual", "TOWERFLOW_PS_MODE='eventual': expected one of async, sync, ssp"),
+        ("TOWERFLOW_PS_LINK", "tcp", "TOWERFLOW_PS_LINK='tcp': expected one of shm, rpc"),
         ("TOWERFLOW_PS_REPLICAS_TO_AGGREGATE", "0", "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE='0'"),
         ("TOWERFLOW_RESTARTED_AT", "yesterday", "TOWERFLOW_RESTARTED_AT='yesterday'"),
         ("TF_CONFIG", "{nope", "TF_CONFIG is not valid JSON"),

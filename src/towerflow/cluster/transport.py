@@ -183,7 +183,7 @@ def is_peer_lost(error: BaseException) -> bool:
     if not isinstance(error, RuntimeError):
         return False
     text = str(error)
-    return any(s in text for s in ("originated at tensorpipe/", "Unknown destination worker", "ECONNREFUSED",
+    return any(s in text for s in ("LinkClosed: ", "originated at tensorpipe/", "Unknown destination worker", "ECONNREFUSED",
                                    "could not find destination name"))
 
 

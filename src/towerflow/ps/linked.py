@@ -44,9 +44,23 @@ def offer_for(ch) -> shm_link.LinkClient:
 def push_pull(link: shm_link.LinkClient, slot: int, request: PushPull) -> torch.futures.Future:
     """Send the step whose gradients are already in `slot`'s request tensors; a future of `PushPulled` whose
     values are the slot's reply tensors (valid until the slot is used again, two steps later)."""
-    header = dataclasses.replace(request, grads=())
     values = link.replies[slot]
-    return link.call(slot, header).then(lambda f: _with_values(f.value(), values))
+    return _mapped(link.call(slot, dataclasses.replace(request, grads=())), lambda reply: _with_values(reply, values))
+
+
+def _mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
+    """A future of fn(future's value), failing with the very exception `future` fails with (`.then` would wrap
+    it in a plain RuntimeError: the client could no longer tell a closed link, a lost ps, from an error)."""
+    out: torch.futures.Future = torch.futures.Future()
+
+    def done(f: torch.futures.Future) -> None:
+        try:
+            out.set_result(fn(f.value()))
+        except Exception as e:
+            out.set_exception(e)
+
+    future.add_done_callback(done)
+    return out
 
 
 def _with_values(reply: PushPulled, values: List[torch.Tensor]) -> PushPulled:
@@ -58,7 +72,7 @@ def handler(service_of: Callable[[], object]) -> shm_link.Handler:
 
     def handle(header: PushPull, grads: List[torch.Tensor], reply: List[torch.Tensor]) -> torch.futures.Future:
         future = service_of().push_pull(dataclasses.replace(header, grads=grads))
-        return future.then(lambda f: _into(f.value(), reply))
+        return _mapped(future, lambda result: _into(result, reply))
 
     return handle
 
