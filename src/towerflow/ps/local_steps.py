@@ -9,8 +9,9 @@ which is model averaging) and never runs its optimizer on it; a delta counts as 
 the modes (async / sync with backups / ssp) and the global step count pushes as before. The
 local optimizer's state (Adam's moments, momentum) stays here and survives the installs.
 
-The delta is not scaled: in async each worker's k steps land in full, as k gradients would
-(docs/parameter-server.md, "Local steps (geo)", says why and what it measured).
+The ps weighs a delta by 1 / the active workers in async and ssp (a round of every worker's push
+then adds their mean, as sync's aggregated update does); docs/parameter-server.md, "Local steps
+(geo)", says why and what it measured.
 
 The delta travels in the parameters' `.grad` slots, which `Channel.gather` packs (the local
 optimizer has used the gradients by then); they are cleared after the push.

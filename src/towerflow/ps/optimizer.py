@@ -41,6 +41,11 @@ class PSOptimizer:
         return self.optimizer.param_groups
 
     @property
+    def has_local_steps(self) -> bool:
+        """Whether steps are taken here, k per push (geo): the global step then moves only with the pushes."""
+        return self.local is not None
+
+    @property
     def global_step(self) -> int:
         return self.client.global_step
 

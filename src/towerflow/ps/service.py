@@ -8,8 +8,8 @@ makes to each variable, so the optimizer state lives on the ps and is exact per 
 
 A push carries gradients (`kind="grad"`, through the optimizer) or, from a local-steps (geo)
 worker, the change of its parameters since its last pull (`kind="delta"`), which is added to
-the values as it is (sync: the mean of the aggregated deltas, model averaging) and never goes
-through the optimizer. A delta counts as one push for the coordinator. Every worker of a model
+the values (sync: the mean of the aggregated deltas, model averaging; async and ssp: each
+delta divided by the active workers) and never goes through the optimizer. A delta counts as one push for the coordinator. Every worker of a model
 pushes the same kind: the first push fixes it.
 
 Reads do not lock (TF's `use_locking=False`): a pull returns the live tensor, and in async
@@ -266,7 +266,7 @@ class ShardService:
         if self.optimizer is None:
             return
         if self.push_kind == "delta":  # geo: the workers' optimizers already stepped; add what they did
-            torch._foreach_add_(self.flats, list(grads), alpha=lr_scale)
+            torch._foreach_add_(self.flats, list(grads), alpha=lr_scale * self._delta_weight())
             return
         for f, g in zip(self.flats, grads):
             f.grad = g
@@ -281,6 +281,13 @@ class ShardService:
                 group["lr"] = lr
         for f in self.flats:
             f.grad = None
+
+    def _delta_weight(self) -> float:
+        """What one applied delta is multiplied by: sync applies the mean of the aggregated deltas already (1);
+        async and ssp divide each worker's delta by the active workers, so that a round in which every worker
+        pushed once adds the mean of their deltas, as sync does (model averaging; PaddlePaddle's geo divides by
+        the trainers too). docs/parameter-server.md, "Local steps (geo)", has the measurements."""
+        return 1.0 if self.coordinator.policy.aggregates else 1.0 / max(1, len(self.coordinator.active))
 
     def _take_released(self):
         out = []
