@@ -60,7 +60,8 @@ class LocalSteps:
         return tuple(ch.ticket for ch in self.client.channels)
 
     def rebase(self) -> None:
-        """The model holds freshly installed values: the next delta is measured from them."""
+        """The model holds freshly installed values: the next delta is measured from them, and a round of k
+        local steps starts."""
         with torch.no_grad():
             torch._foreach_copy_(self._base, [p.detach() for p in self.params])
         self._tickets = self._installed()
