@@ -4,11 +4,13 @@
     towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --mode sync
     towerflow launch --ps 1 --workers 3 examples/mnist_ps.py --data ../shared/data/mnist-t10k --mode sync --replicas-to-aggregate 2
     towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --mode ssp --staleness 2
+    towerflow launch --ps 1 --workers 2 --local-steps 4 examples/mnist_ps.py --data ../shared/data/mnist-t10k --steps 150
 
 The model of examples/mnist_sync.py (MNIST-t10k: first 8,000 images train, last 2,000 test;
 scikit-learn's 8x8 digits without --data). The variables and Adam live on the ps; every
 worker reads its own shard of the data. --steps counts global steps, as TF's StopAtStepHook
-does: an update in sync mode, a push otherwise. The chief evaluates the final variables.
+does: an update in sync mode, a push otherwise (with --local-steps K a push follows K local
+steps: divide --steps by K for the same number of samples). The chief evaluates the final variables.
 
 Training runs under a MonitoredTrainingSession: with --logdir the chief checkpoints the ps
 state every --save-checkpoint-steps, and with `towerflow launch --max-restarts N` the job
@@ -55,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--mode", default=os.environ.get("TOWERFLOW_PS_MODE", "async"), choices=["async", "sync", "ssp"])
     p.add_argument("--replicas-to-aggregate", "--replicas_to_aggregate", type=int, default=None)
     p.add_argument("--staleness", type=int, default=None, help="ssp bound k (default 0)")
+    p.add_argument("--local-steps", "--local_steps", type=int, default=None,
+                   help="geo: K optimizer steps on the worker per push of its parameter delta (default: "
+                        "towerflow launch --local-steps, else 1)")
     p.add_argument("--prefetch", action="store_true", help="pull the next values while computing (async, ssp)")
     p.add_argument("--staleness-aware-lr", "--staleness_aware_lr", action="store_true",
                    help="divide the learning rate by each push's staleness (async, ssp)")
@@ -71,7 +76,7 @@ def main(argv=None):
     towerflow.set_seed(args.seed)
     strategy = towerflow.ParameterServerStrategy(  # the chief and workers; `towerflow launch` has the ps tasks serve
         mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, prefetch=args.prefetch,
-        staleness_aware_lr=args.staleness_aware_lr,
+        staleness_aware_lr=args.staleness_aware_lr, local_steps=args.local_steps,
     )
     split = load_mnist_or_digits(args.data)
     strategy.print(f"{strategy}; data {split.name}: {len(split.train)} train / {len(split.test)} test")

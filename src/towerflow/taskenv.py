@@ -43,6 +43,7 @@ ENV_PS_MODE = "TOWERFLOW_PS_MODE"  # async | sync | ssp (towerflow launch --mode
 ENV_PS_REPLICAS_TO_AGGREGATE = "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"  # --replicas-to-aggregate
 ENV_PS_STALENESS = "TOWERFLOW_PS_STALENESS"  # --staleness
 ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always RPC)
+ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
 ENV_SCHEDULER = "TOWERFLOW_SCHEDULER"  # which scheduler resolver to use instead of detecting one (cluster/schedulers)
 ENV_PS_TASKS = "TOWERFLOW_PS_TASKS"  # how many of a scheduler's ranks are ps tasks (roles; `towerflow cluster --ps`)
@@ -98,6 +99,7 @@ class TaskEnv:
     ps_replicas_to_aggregate: Optional[int] = None
     ps_staleness: Optional[int] = None
     ps_link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
+    ps_local_steps: Optional[int] = None
     threads_set_by_user: bool = False  # OMP_NUM_THREADS is set: do not split the CPU's cores
     socket_ifnames: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the ones already set
     scheduler_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # scheduler_variables(env): for the resolvers
@@ -187,6 +189,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         ps_replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),
         ps_staleness=_count(env, ENV_PS_STALENESS),
         ps_link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
+        ps_local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),
         threads_set_by_user=ENV_OMP_NUM_THREADS in env,
         socket_ifnames={k: env[k] for k in SOCKET_IFNAME_VARIABLES if env.get(k)},
         scheduler_env=scheduler_variables(env),

@@ -72,6 +72,9 @@ def register(sub) -> None:
     ps.add_argument("--mode", choices=("async", "sync", "ssp"), default=None, help="how the ps tasks apply pushed gradients")
     ps.add_argument("--replicas_to_aggregate", "--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=None, metavar="N", help="sync: gradients per update (fewer than the workers = backup workers)")
     ps.add_argument("--staleness", type=int, default=None, metavar="K", help="ssp: how many steps a worker may run ahead of the slowest")
+    ps.add_argument("--local_steps", "--local-steps", dest="local_steps", type=_local_steps, default=None, metavar="K",
+                    help="geo / local SGD: each worker takes K steps of its own optimizer, then pushes its parameter "
+                         "delta (default 1: push gradients every step)")
     p.add_argument("--ps_runs_script", "--ps-runs-script", dest="ps_runs_script", action="store_true",
                    help="ps tasks run the script too (for scripts that put work of their own on ps tasks); by default "
                         "they run `python -m towerflow.ps.serve`, which serves variables until every task is done")
@@ -95,8 +98,22 @@ def _warn_without_token(cluster) -> None:
         )
 
 
+def _local_steps(text: str) -> int:
+    """--local-steps K: a whole number >= 1 (argparse prints the message with the flag's name)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a whole number of local steps K >= 1 (1 pushes gradients every step, as without the "
+            "flag; K > 1 pushes each worker's parameter delta every K steps), e.g. --local-steps 4"
+        )
+    return value
+
+
 def _ps_mode_environment(args, has_ps: bool) -> None:
-    """--mode/--replicas-to-aggregate/--staleness reach the tasks as the variables the ps strategy reads."""
+    """--mode/--replicas-to-aggregate/--staleness/--local-steps reach the tasks as the variables the ps strategy reads."""
     from towerflow.errors import TowerflowError
     from towerflow.launch.environment import export_ps_mode
 
@@ -104,11 +121,12 @@ def _ps_mode_environment(args, has_ps: bool) -> None:
         raise TowerflowError(f"--replicas-to-aggregate {args.replicas_to_aggregate} goes with --mode sync (got --mode {args.mode})")
     if args.staleness is not None and args.mode != "ssp":
         raise TowerflowError(f"--staleness {args.staleness} goes with --mode ssp (got --mode {args.mode})")
-    if args.mode is None:
+    if args.mode is None and args.local_steps is None:
         return
     if not args.cluster and not has_ps:
-        raise TowerflowError(f"--mode {args.mode} chooses how parameter servers apply updates; add --ps N (N >= 1)")
-    export_ps_mode(args.mode, args.replicas_to_aggregate, args.staleness)
+        flag = f"--mode {args.mode}" if args.mode is not None else f"--local-steps {args.local_steps}"
+        raise TowerflowError(f"{flag} chooses how parameter servers apply updates; add --ps N (N >= 1)")
+    export_ps_mode(args.mode, args.replicas_to_aggregate, args.staleness, args.local_steps)
 
 
 def _scheduled_slot(args):

@@ -80,10 +80,11 @@ def unset(names) -> Dict[str, str]:
     return {k: v for k, v in names.items() if k not in os.environ}
 
 
-def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], staleness: Optional[int]) -> None:
-    """--mode/--replicas-to-aggregate/--staleness: every task inherits them as TOWERFLOW_PS_*."""
+def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], staleness: Optional[int],
+                   local_steps: Optional[int] = None) -> None:
+    """--mode/--replicas-to-aggregate/--staleness/--local-steps: every task inherits them as TOWERFLOW_PS_*."""
     for name, value in ((_te.ENV_PS_MODE, mode), (_te.ENV_PS_REPLICAS_TO_AGGREGATE, replicas_to_aggregate),
-                        (_te.ENV_PS_STALENESS, staleness)):
+                        (_te.ENV_PS_STALENESS, staleness), (_te.ENV_PS_LOCAL_STEPS, local_steps)):
         if value is not None:
             os.environ[name] = str(value)
 

@@ -264,10 +264,11 @@ class PSClient:
         if reply.outcome.kind != "dropped":
             self._staleness[reply.outcome.staleness] += 1
 
-    def push_pull(self, lr: Optional[float], row_grads: Optional[dict] = None) -> None:
+    def push_pull(self, lr: Optional[float], row_grads: Optional[dict] = None, kind: str = "grad") -> None:
         """One training step: one push-pull call per ps task, all in flight at once, carrying its dense
         gradients and its part of the tables' row gradients (`row_grads`: {table: (unique ids, grads)});
-        with prefetch, install the previous step's values (these come back while the worker computes)."""
+        with prefetch, install the previous step's values (these come back while the worker computes).
+        `kind="delta"`: the `.grad` slots hold a local-steps worker's parameter deltas (ps/local_steps.py)."""
         rows = self._row_pushes(row_grads)
         self.open()
         k = self.pushes % 2  # push buffer set k was last used two steps ago, and that call has been waited for
@@ -279,7 +280,7 @@ class PSClient:
             clock = ch.pushes + (1 if self.prefetch else 0)  # the step the returned values will compute
             after = ch.ticket.step + 1 if self.policy.mode == "sync" else 0  # sync: come back after the aggregated update
             part = rows.get(ch.task)
-            request = PushPull(self.worker, ch.ticket, ch.gather(k), lr, clock, after, part)
+            request = PushPull(self.worker, ch.ticket, ch.gather(k), lr, clock, after, part, kind)
             calls.append(self._push_pull_call(ch, k, request))
             self._bytes_pushed[ch.task] += ch.nbytes + (part.nbytes if part is not None else 0)
         if not self.prefetch:

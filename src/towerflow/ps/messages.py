@@ -82,9 +82,15 @@ class RowPush:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.grads))
 
 
+# What a push carries: "grad", gradients for the ps's optimizer; "delta", a local-steps (geo) worker's
+# parameter change since its last pull, which the ps adds to its values (ps/local_steps.py).
+PUSH_KINDS = ("grad", "delta")
+
+
 @dataclasses.dataclass(frozen=True)
 class PushPull:
-    """One training step of one worker: its gradients, then a pull for step `clock` (after `after_step`, sync)."""
+    """One training step of one worker: its gradients (or, `kind="delta"`, its parameter delta), then a pull
+    for step `clock` (after `after_step`, sync)."""
 
     worker: int
     ticket: Ticket
@@ -93,6 +99,7 @@ class PushPull:
     clock: int
     after_step: int = 0
     rows: Optional[RowPush] = None
+    kind: str = "grad"
 
 
 @dataclasses.dataclass(frozen=True)

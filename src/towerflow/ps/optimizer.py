@@ -1,7 +1,8 @@
 """The optimizer a ps worker trains with: `step()` pushes the gradients and pulls the new values.
 
 The user's optimizer never steps on the worker: its type and settings went to the ps tasks,
-which run it over their shards. This wrapper keeps the optimizer's face (`zero_grad`,
+which run it over their shards (with local steps, `local_steps.py`, it does step here, and
+every k-th step pushes the parameter delta instead). This wrapper keeps the optimizer's face (`zero_grad`,
 `param_groups`, `state_dict`) and sends each step through the client, under the recovery
 rules (a step in flight when a ps is lost is dropped, not retried).
 """
@@ -14,6 +15,7 @@ import torch
 
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.client import PSClient
+from towerflow.ps.local_steps import LocalSteps
 from towerflow.ps.recovery import Recovery
 
 
@@ -21,8 +23,9 @@ class PSOptimizer:
     """What `ParameterServerStrategy.setup` returns in place of the user's optimizer."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, client: PSClient, recovery: Recovery, params,
-                 lr_schedule: Optional[Callable[[int], float]], clip_grad_norm: Optional[float], lookups=None):
-        self.optimizer = optimizer  # the user's; its settings went to the ps, it never steps here
+                 lr_schedule: Optional[Callable[[int], float]], clip_grad_norm: Optional[float], lookups=None,
+                 local_steps: int = 1):
+        self.optimizer = optimizer  # the user's; its settings went to the ps, it steps here only with local steps
         self.client = client
         self.recovery = recovery
         self.params = params
@@ -31,10 +34,16 @@ class PSOptimizer:
         self.lookups = lookups  # the model's tables: their row gradients go with the push
         self.scaler = None
         self.last_grad_norm: Optional[float] = None
+        self.local = LocalSteps(optimizer, client, recovery, params, local_steps) if local_steps > 1 else None
 
     @property
     def param_groups(self):
         return self.optimizer.param_groups
+
+    @property
+    def has_local_steps(self) -> bool:
+        """Whether steps are taken here, k per push (geo): the global step then moves only with the pushes."""
+        return self.local is not None
 
     @property
     def global_step(self) -> int:
@@ -69,8 +78,13 @@ class PSOptimizer:
             self.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(
                 [p for p in self.params if p.grad is not None], self.clip_grad_norm))
         lr = float(self.lr_schedule(self.client.global_step)) if self.lr_schedule is not None else None
+        if self.local is not None:  # geo: a local step; every k-th pushes the delta (a lost ps loses it)
+            self.local.step(lr, lambda: self.recovery.guarded(lambda: self.client.push_pull(None, kind="delta"),
+                                                              retry=False))
+            return
         rows = self.lookups.take_row_grads() if self.lookups is not None else None
         self.recovery.guarded(lambda: self.client.push_pull(lr, rows), retry=False)  # a lost ps loses this gradient
 
     def __repr__(self) -> str:
-        return f"PSOptimizer({type(self.optimizer).__name__} on the ps, global_step={self.client.global_step})"
+        where = f"on this worker, {self.local.k} local steps per push" if self.local is not None else "on the ps"
+        return f"PSOptimizer({type(self.optimizer).__name__} {where}, global_step={self.client.global_step})"

@@ -6,6 +6,12 @@ flat tensor. Only elementwise optimizers are allowed (SGD, momentum, Adagrad, Ad
 for them an update of a flat buffer is, element for element, the update a local optimizer
 makes to each variable, so the optimizer state lives on the ps and is exact per shard.
 
+A push carries gradients (`kind="grad"`, through the optimizer) or, from a local-steps (geo)
+worker, the change of its parameters since its last pull (`kind="delta"`), which is added to
+the values (sync: the mean of the aggregated deltas, model averaging; async and ssp: each
+delta divided by the active workers) and never goes through the optimizer. A delta counts as one push for the coordinator. Every worker of a model
+pushes the same kind: the first push fixes it.
+
 Reads do not lock (TF's `use_locking=False`): a pull returns the live tensor, and in async
 mode an update may land while it is being sent. Updates are applied one at a time.
 
@@ -25,7 +31,7 @@ import torch
 from towerflow.errors import ParameterServerError
 from towerflow.ps.coordinator import Coordinator, Go
 from towerflow.ps.layout import ShardSpec
-from towerflow.ps.messages import Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead
+from towerflow.ps.messages import PUSH_KINDS, Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead
 from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, Ticket, UpdatePolicy
 from towerflow.ps.table_shards import TableShards
 
@@ -74,6 +80,7 @@ class ShardService:
         self._lock = threading.Lock()
         self._sum: Optional[List[torch.Tensor]] = None  # sync: running sum of held gradients (reused)
         self._summed = 0
+        self.push_kind: Optional[str] = None  # "grad" or "delta": fixed by the first push (every worker pushes alike)
         self._waiting: Dict[object, torch.futures.Future] = {}
         self._all_done: List[torch.futures.Future] = []
         self._finishing: Dict[int, Tuple[int, torch.futures.Future]] = {}  # finishes waiting for late pushes
@@ -121,11 +128,12 @@ class ShardService:
 
     # ---- pushes
     def push(self, worker: int, ticket: Ticket, grads: Sequence[torch.Tensor], lr: Optional[float] = None,
-             rows: Optional[RowPush] = None) -> PushOutcome:
+             rows: Optional[RowPush] = None, kind: str = "grad") -> PushOutcome:
         """Apply, hold or drop a worker's gradients (and its table rows, with them); says which, with the
         staleness and global step. A dropped push's rows are not applied either.
 
         `lr`, when given, is the learning rate from the worker's schedule; it stays set until the next one.
+        `kind="delta"`: `grads` are a local-steps worker's parameter deltas, added to the values.
         """
         if len(grads) != len(self.flats) or any(g.shape != f.shape or g.dtype != f.dtype for g, f in zip(grads, self.flats)):
             raise ParameterServerError(
@@ -133,6 +141,7 @@ class ShardService:
                 f"{[(tuple(f.shape), f.dtype) for f in self.flats]}. Every task must build the same model and layout."
             )
         with self._lock:
+            self._check_kind(worker, kind, rows)
             self.bytes_in[worker] += sum(g.numel() * g.element_size() for g in grads) + (rows.nbytes if rows else 0)
             action = self.coordinator.push(worker, ticket)
             if lr is not None and not isinstance(action, Drop):
@@ -161,7 +170,7 @@ class ShardService:
 
     def push_pull(self, request: PushPull) -> torch.futures.Future:
         """A push, then a pull, in one call (one round trip per step): a future of `PushPulled`."""
-        outcome = self.push(request.worker, request.ticket, request.grads, request.lr, request.rows)
+        outcome = self.push(request.worker, request.ticket, request.grads, request.lr, request.rows, request.kind)
         pulled = self.pull(request.worker, request.clock, request.after_step)
         return pulled.then(lambda f: PushPulled(outcome, f.value()))
 
@@ -203,6 +212,22 @@ class ShardService:
         future.set_result(step)
         return future
 
+    def _check_kind(self, worker: int, kind: str, rows: Optional[RowPush]) -> None:
+        """A push's kind is one of PUSH_KINDS, the one every earlier push had; a delta carries no table rows."""
+        if kind not in PUSH_KINDS:
+            raise ParameterServerError(f"worker {worker} pushed kind={kind!r}; expected one of {PUSH_KINDS}")
+        if kind == "delta" and rows is not None:
+            raise ParameterServerError(f"worker {worker} pushed a parameter delta with table rows; local steps "
+                                       "(local_steps > 1) train no embedding tables: drop local_steps")
+        if self.push_kind is None:
+            self.push_kind = kind
+        elif kind != self.push_kind:
+            said = {"grad": "gradients (local_steps 1)", "delta": "parameter deltas (local_steps > 1)"}
+            raise ParameterServerError(
+                f"worker {worker} pushed {said[kind]}, but this ps has received {said[self.push_kind]}; every worker "
+                "must train with the same local_steps (`towerflow launch --local-steps K` hands it to all)"
+            )
+
     def _hold_rows(self, rows: Optional[RowPush]) -> None:
         if rows is not None and self.tables:
             self.tables.hold(rows.tables, rows.keys, rows.grads)
@@ -240,6 +265,9 @@ class ShardService:
             self.tables.evict(step)
         if self.optimizer is None:
             return
+        if self.push_kind == "delta":  # geo: the workers' optimizers already stepped; add what they did
+            torch._foreach_add_(self.flats, list(grads), alpha=lr_scale * self._delta_weight())
+            return
         for f, g in zip(self.flats, grads):
             f.grad = g
         saved = None
@@ -253,6 +281,13 @@ class ShardService:
                 group["lr"] = lr
         for f in self.flats:
             f.grad = None
+
+    def _delta_weight(self) -> float:
+        """What one applied delta is multiplied by: sync applies the mean of the aggregated deltas already (1);
+        async and ssp divide each worker's delta by the active workers, so that a round in which every worker
+        pushed once adds the mean of their deltas, as sync does (model averaging; PaddlePaddle's geo divides by
+        the trainers too). docs/parameter-server.md, "Local steps (geo)", has the measurements."""
+        return 1.0 if self.coordinator.policy.aggregates else 1.0 / max(1, len(self.coordinator.active))
 
     def _take_released(self):
         out = []

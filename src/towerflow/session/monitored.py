@@ -139,7 +139,8 @@ class MonitoredTrainingSession:
         before = self.global_step
         result = step_fn(*args, **kwargs)
         self.local_steps += 1
-        if self.global_step == before:  # no strategy optimizer counted this step
+        # no strategy optimizer counted this step (one with local steps counts only its pushes: it did)
+        if self.global_step == before and not getattr(self.optimizer, "has_local_steps", False):
             self._set_global_step(before + 1)
         loss = _as_float(result)
         for hook in self.hooks:

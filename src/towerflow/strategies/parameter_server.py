@@ -12,6 +12,8 @@ then on. Each `optimizer.step()` packs this worker's gradients into one flat buf
 task (reused, no per-element Python), pushes them to every ps at once, and pulls the new
 values back into the model; how pushes become updates is the mode (`ps/policies.py`).
 With `prefetch=True` (async and ssp) the next values are pulled while the worker computes.
+With `local_steps=k` (k > 1, geo-SGD) the optimizer steps on the worker and every k-th step
+pushes the parameter delta instead (`ps/local_steps.py`).
 
 The ps tasks do not run this strategy: they serve (`towerflow launch` starts them as
 `python -m towerflow.ps.serve`; scripts in the seeds' style call `server.join()` on them). The
@@ -31,6 +33,7 @@ from towerflow.cluster import server as _server
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.client import PSClient
 from towerflow.ps.layout import Layout, Partition, plan_layout
+from towerflow.ps.local_steps import check_local_steps
 from towerflow.ps.lookups import TableLookups, detach_rows, find_tables, table_spec
 from towerflow.ps.row_optimizers import RowOptimizer, row_optimizer_for
 from towerflow.ps.tables import PARTITION_STRATEGIES
@@ -60,6 +63,7 @@ class ParameterServerStrategy(Strategy):
         server: Optional["_server.Server"] = None,
         model_name: str = "model",
         partition_strategy: str = "mod",
+        local_steps: Optional[int] = None,
     ):
         self._owns_server = server is None and _server.current() is None
         self.server = server or _server.current() or _server.Server()
@@ -86,6 +90,7 @@ class ParameterServerStrategy(Strategy):
         mode = mode or task.ps_mode or "async"
         replicas_to_aggregate = task.ps_replicas_to_aggregate if replicas_to_aggregate is None else replicas_to_aggregate
         staleness = task.ps_staleness if staleness is None else staleness
+        local_steps = check_local_steps(task.ps_local_steps if local_steps is None else local_steps)
         self._restarted_at = task.restarted_at
         if partition_strategy not in PARTITION_STRATEGIES:
             raise ParameterServerError(f"partition_strategy={partition_strategy!r}: expected one of {PARTITION_STRATEGIES} "
@@ -103,12 +108,19 @@ class ParameterServerStrategy(Strategy):
                 "prefetch=True with mode='sync': a sync worker must wait for the aggregated update before it pulls; "
                 "drop prefetch or use mode='async' / 'ssp'"
             )
+        if prefetch and local_steps > 1:
+            raise ParameterServerError(
+                f"prefetch=True with local_steps={local_steps}: a local-steps worker installs the ps's values right "
+                "after it pushes its delta, which prefetch would delay by a round (its own delta missing); drop prefetch "
+                "(with local steps a worker talks to the ps once every k steps anyway)"
+            )
         super().__init__(torch_device, device_name, num_replicas=len(replicas), replica_id=replicas.index(here))
         self.client = PSClient(self.server, model_name, replicas.index(here), here == replicas[0], torch_device,
                                spec, prefetch, self.steps)
         self.recovery = Recovery(self.client)
         self.mode = mode
         self.prefetch = prefetch
+        self.local_steps = local_steps
         self.placement = placement
         self.partition = partition
         self.model_name = model_name
@@ -154,13 +166,20 @@ class ParameterServerStrategy(Strategy):
         `partition_strategy`, and are trained there by `sparse_optimizer` (default: the row-wise version
         of `optimizer`); tables built on the meta device are drawn there from N(0, std), std the
         table module's `init_std` attribute when set, else `table_init_std`, else PyTorch's 1, from
-        `seed`. clip_grad_norm clips the dense gradients only.
+        `seed`. clip_grad_norm clips the dense gradients only. With `local_steps` > 1 the optimizer steps on
+        this worker (lr_schedule and clip_grad_norm apply to its steps) and tables are refused.
         """
         if optimizer is None:
             raise StrategyError("ParameterServerStrategy.setup needs the optimizer: the ps tasks run it")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise StrategyError(f"clip_grad_norm={clip_grad_norm!r}: expected a positive number or None")
         tables = find_tables(model, self.partition)
+        if tables and self.local_steps > 1:
+            raise ParameterServerError(
+                f"local_steps={self.local_steps} with embedding tables {sorted(tables)}: their rows are trained on the ps "
+                "from row gradients, which a local-steps worker does not push; use local_steps=1 (drop --local-steps) "
+                "for models with tables"
+            )
         specs = [table_spec(name, m, self.num_ps, self.partition_strategy, table_init_std, seed)
                  for name, m in tables.items()]
         table_weights = {id(m.weight) for m in tables.values() if isinstance(getattr(m, "weight", None), torch.nn.Parameter)}
@@ -194,7 +213,7 @@ class ParameterServerStrategy(Strategy):
         if self.recovery.guarded(self.client.connect) is not None:
             self.recovery.say_rejoined(self._restarted_at)
         wrapped = PSOptimizer(optimizer, self.client, self.recovery, list(params.values()), lr_schedule, clip_grad_norm,
-                              self.lookups)
+                              self.lookups, self.local_steps)
         return model, wrapped
 
     def restore_ps_from(self, source: Callable[[], Any]) -> None:
@@ -258,5 +277,6 @@ class ParameterServerStrategy(Strategy):
             self.server.join()
 
     def __repr__(self) -> str:
+        geo = f", {self.local_steps} local steps per push" if self.local_steps > 1 else ""
         return (f"ParameterServerStrategy(worker {self.replica_id} of {self.num_replicas_in_sync}, {self.num_ps} ps, "
-                f"{self.policy.describe()}, on {self.device_name})")
+                f"{self.policy.describe()}{geo}, on {self.device_name})")
