@@ -39,7 +39,8 @@ def test_a_call_sees_the_request_tensors_and_returns_the_reply_tensors(tmp_path)
         slot = step % shm_link.SLOTS
         for t in client.requests[slot]:
             t.copy_(torch.arange(t.numel(), dtype=t.dtype) + step)
-        assert client.call(slot, {"step": step}).wait() == ("done", {"step": step})
+        client.call(slot, {"step": step})
+        assert client.reply(slot) == ("done", {"step": step})
         for q, r in zip(client.requests[slot], client.replies[slot]):
             torch.testing.assert_close(r, q * 2)
     client.close()
@@ -56,8 +57,9 @@ def test_an_error_on_the_server_reaches_the_caller_as_itself(tmp_path):
         raise ValueError(f"bad header {header!r}")
 
     client = _linked(tmp_path, fails)
+    client.call(0, 7)
     with pytest.raises(ValueError, match="bad header 7"):
-        client.call(0, 7).wait()
+        client.reply(0)
     client.close()
 
 
@@ -66,10 +68,10 @@ def test_a_server_whose_end_closes_fails_the_pending_call_as_a_lost_peer(tmp_pat
     client = shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
     reply_fd = os.open(client.offer.path("out"), os.O_WRONLY | os.O_NONBLOCK)
     client.connect()
-    future = client.call(0, "hello")
+    client.call(0, "hello")
     os.close(reply_fd)
     with pytest.raises(shm_link.LinkClosed) as info:
-        future.wait()
+        client.reply(0)
     assert is_peer_lost(info.value), "the ps client must treat a closed link as a lost ps task"
     with pytest.raises(shm_link.LinkClosed):
         client.call(1, "again")
@@ -82,6 +84,40 @@ def test_a_slot_in_flight_is_not_reused(tmp_path):
     client.call(0, "first")
     with pytest.raises(RuntimeError, match="slot 0 .* still in flight"):
         client.call(0, "second")
+    client.close()
+
+
+def test_replies_are_matched_to_their_slots_whatever_their_order(tmp_path):
+    held = {}
+
+    def answer_later(header, requests, replies):
+        held[header] = torch.futures.Future()
+        if header == "second":  # the second call is answered first, then the first
+            held["second"].set_result("for second")
+            held["first"].set_result("for first")
+        return held[header]
+
+    client = _linked(tmp_path, answer_later)
+    client.call(0, "first")
+    client.call(1, "second")
+    assert client.reply(1) == "for second" and client.reply(0) == "for first"
+    client.close()
+
+
+def test_waiting_runs_the_idle_check_and_stops_when_it_raises(tmp_path):
+    never = torch.futures.Future()
+    client = _linked(tmp_path, lambda header, q, r: never)
+    client.call(0, "stuck")
+    checks = []
+
+    def idle():
+        checks.append(1)
+        if len(checks) == 3:
+            raise TimeoutError("a peer went silent")
+
+    with pytest.raises(TimeoutError, match="went silent"):
+        client.reply(0, idle=idle, every=0.01)
+    assert len(checks) == 3
     client.close()
 
 

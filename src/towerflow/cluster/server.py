@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import addresses as _addresses
@@ -208,6 +208,12 @@ class Server:
     def check_peers(self, seen: dict, serving: Sequence[str] = ()) -> None:
         """Raise PeerLostError when another running task failed or went silent (Membership.check_peers)."""
         self.membership.check_peers(seen, serving)
+
+    def peer_watch(self, serving: Sequence[str] = ()) -> Callable[[], None]:
+        """A check to call repeatedly while waiting on others by other means: it raises PeerLostError naming
+        a task that failed or went silent (`Membership.check_peers`, with its memory of heartbeats)."""
+        seen: Dict[str, tuple] = {}
+        return lambda: self.membership.check_peers(seen, serving)
 
     def wait_watching(self, future, serving: Sequence[str] = (), task: Optional[tuple] = None, every: float = 1.0) -> None:
         """Wait for the torch `future` while watching the others' heartbeats (Membership.wait_watching)."""

@@ -9,16 +9,19 @@ two named pipes. The request pipe carries a small pickled header (the slot and t
 message without its tensors), the reply pipe the same back. The files and pipes are unlinked
 once both ends have opened them: nothing is left behind, even when a process dies.
 
-A dead peer reads as end-of-file on its pipe: the caller's pending calls fail with
-`LinkClosed`, and the serving loop ends. A caller waits for a slot's reply before reusing it.
+A dead peer reads as end-of-file on its pipe: the caller's wait fails with `LinkClosed`, and
+the serving loop ends. The caller reads its replies in the thread that waits for them (no
+reader thread, no hand-off: one wake-up per reply); it waits for a slot's reply before reusing it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
 import pickle
+import select
 import struct
 import threading
 import uuid
@@ -29,6 +32,7 @@ import torch
 SHM_DIR = "/dev/shm"
 SLOTS = 2  # one slot may be in flight while the caller fills the other
 _LENGTH = struct.Struct("<I")
+_NO_LOCK = contextlib.nullcontext()  # the caller's end is written by one thread
 
 TensorSpecs = Tuple[Tuple[int, torch.dtype], ...]  # (numel, dtype) of each tensor of a slot
 
@@ -65,7 +69,7 @@ def _blocking(fd: int) -> int:
     return fd
 
 
-def _write_frame(fd: int, lock: threading.Lock, message: Any) -> None:
+def _write_frame(fd: int, lock, message: Any) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     with lock:  # replies may be sent from several threads (a sync pull is answered by another worker's push)
         view = memoryview(_LENGTH.pack(len(data)) + data)
@@ -93,7 +97,8 @@ def _read_frame(fd: int) -> Optional[Any]:
 
 
 class LinkClient:
-    """The caller's end: owns the shared tensors and the pipes; `call(slot, header)` is a future of the reply header."""
+    """The caller's end: owns the shared tensors and the pipes. `call(slot, header)` sends, `reply(slot)` waits
+    for that slot's reply header in the calling thread (no reader thread: the kernel wakes the waiter itself)."""
 
     def __init__(self, requests: TensorSpecs, replies: TensorSpecs, directory: str = SHM_DIR):
         self.offer = LinkOffer(os.path.join(directory, f"towerflow-link-{uuid.uuid4().hex}"), tuple(requests), tuple(replies))
@@ -104,20 +109,18 @@ class LinkClient:
         os.mkfifo(self.offer.path("in"))
         os.mkfifo(self.offer.path("out"))
         # open the reply pipe first (without waiting for a writer), so that the server's open for writing succeeds
-        self._reply_fd = os.open(self.offer.path("out"), os.O_RDONLY | os.O_NONBLOCK)
+        self._reply_fd: Optional[int] = os.open(self.offer.path("out"), os.O_RDONLY | os.O_NONBLOCK)
         # and hold the request pipe's write end from the start (read-write: Linux opens a pipe so without waiting),
         # so that the server's first read waits for a request instead of seeing end of file
         self._request_fd: Optional[int] = os.open(self.offer.path("in"), os.O_RDWR)
-        self._lock = threading.Lock()
-        self._write_lock = threading.Lock()
-        self._pending: Dict[int, torch.futures.Future] = {}
+        self._in_flight: set = set()
+        self._arrived: Dict[int, tuple] = {}  # replies read while waiting for another slot's
         self._closed: Optional[str] = None
 
     def connect(self) -> None:
-        """The server has opened its ends (its attach call returned): open ours, drop the names, start reading."""
+        """The server has opened its ends (its serve call returned True): drop the names."""
         _blocking(self._reply_fd)
         self.unlink()
-        threading.Thread(target=self._read_replies, name="towerflow-link", daemon=True).start()
 
     def unlink(self) -> None:
         """Remove the files' names (the mappings and open pipes stay valid)."""
@@ -127,51 +130,46 @@ class LinkClient:
             except FileNotFoundError:
                 pass
 
-    def call(self, slot: int, header: Any) -> torch.futures.Future:
-        """Send `header` for the request tensors of `slot` (filled by the caller); a future of the reply header."""
-        future: torch.futures.Future = torch.futures.Future()
-        with self._lock:
+    def call(self, slot: int, header: Any) -> None:
+        """Send `header` for the request tensors of `slot` (filled by the caller); `reply(slot)` waits for the answer."""
+        if self._closed is not None:
+            raise LinkClosed(self._closed)
+        if slot in self._in_flight:
+            raise RuntimeError(f"internal: slot {slot} of the link is still in flight")
+        self._in_flight.add(slot)
+        try:
+            _write_frame(self._request_fd, _NO_LOCK, (slot, header))
+        except OSError as e:  # EPIPE: the server is gone
+            raise self._close_for(f"the link's server is gone: {e}") from None
+
+    def reply(self, slot: int, idle: Optional[Callable[[], None]] = None, every: float = 1.0) -> Any:
+        """Wait for `slot`'s reply header and return it (or raise the server's error, or LinkClosed). `idle()` runs
+        every `every` seconds while nothing arrives (a caller watching its peers' heartbeats raises from it)."""
+        while slot not in self._arrived:
             if self._closed is not None:
                 raise LinkClosed(self._closed)
-            if slot in self._pending:
-                raise RuntimeError(f"internal: slot {slot} of the link is still in flight")
-            self._pending[slot] = future
-        try:
-            _write_frame(self._request_fd, self._write_lock, (slot, header))
-        except OSError as e:  # EPIPE: the server is gone
-            self._fail(f"the link's server is gone: {e}")
-        return future
-
-    def _read_replies(self) -> None:
-        while True:
+            if idle is not None and not select.select([self._reply_fd], [], [], every)[0]:
+                idle()
+                continue
             try:
                 frame = _read_frame(self._reply_fd)
             except OSError as e:
-                frame, why = None, str(e)
-            else:
-                why = "end of file on the reply pipe"
+                raise self._close_for(f"the link's server is gone ({e})") from None
             if frame is None:
-                self._fail(f"the link's server is gone ({why})")
-                return
-            slot, ok, payload = frame
-            with self._lock:
-                future = self._pending.pop(slot, None)
-            if future is None:
-                continue
-            if ok:
-                future.set_result(payload)
-            else:
-                future.set_exception(payload)
+                raise self._close_for("the link's server is gone (end of file on the reply pipe)")
+            self._arrived[frame[0]] = frame[1:]
+        self._in_flight.discard(slot)
+        ok, payload = self._arrived.pop(slot)
+        if not ok:
+            raise payload
+        return payload
 
-    def _fail(self, why: str) -> None:
-        with self._lock:
-            self._closed = why
-            pending, self._pending = list(self._pending.values()), {}
-        for future in pending:
-            future.set_exception(LinkClosed(why))
+    def _close_for(self, why: str) -> LinkClosed:
+        self._closed = why
+        return LinkClosed(why)
 
     def close(self) -> None:
-        """Stop using the link: pending calls fail, the server's loop sees end of file."""
+        """Stop using the link: later calls fail, the server's loop sees end of file."""
         self.unlink()
         for fd in (self._request_fd, self._reply_fd):
             if fd is not None:
@@ -179,16 +177,18 @@ class LinkClient:
                     os.close(fd)
                 except OSError:
                     pass
-        self._request_fd = None
-        self._fail("the link was closed by its caller")
+        self._request_fd = self._reply_fd = None
+        if self._closed is None:
+            self._closed = "the link was closed by its caller"
 
 
-Handler = Callable[[Any, List[torch.Tensor], List[torch.Tensor]], torch.futures.Future]
+# handler(header, request tensors, reply tensors) -> the reply header, or a future of it (answered when done)
+Handler = Callable[[Any, List[torch.Tensor], List[torch.Tensor]], Any]
 
 
 def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server") -> bool:
-    """Serve `offer` in a thread: handler(header, request tensors, reply tensors) returns a future of the reply
-    header, having written (or writing, before it completes) the reply tensors. False when the offer's files are
+    """Serve `offer` in a thread: handler(header, request tensors, reply tensors) returns the reply header, or a
+    future of it, having written (or writing, before it completes) the reply tensors. False when the offer's files are
     not on this host (the caller then keeps using RPC)."""
     try:
         requests = _slots(offer, "q", offer.requests, create=False)
@@ -203,15 +203,19 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
         return False
     lock = threading.Lock()
 
-    def answer(slot: int, future: torch.futures.Future) -> None:
+    def _send(slot: int, ok: bool, payload: Any) -> None:
         try:
-            message = (slot, True, future.value())
-        except Exception as e:  # the handler's error goes back to the caller, as an RPC's would
-            message = (slot, False, e)
-        try:
-            _write_frame(reply_fd, lock, message)
+            _write_frame(reply_fd, lock, (slot, ok, payload))
         except OSError:  # the caller is gone; the loop sees end of file and stops
             pass
+
+    def answer(slot: int, future: torch.futures.Future) -> None:
+        try:
+            value = future.value()
+        except Exception as e:  # the handler's error goes back to the caller, as an RPC's would
+            _send(slot, False, e)
+        else:
+            _send(slot, True, value)
 
     def loop() -> None:
         try:
@@ -221,11 +225,14 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
                     return
                 slot, header = frame
                 try:
-                    future = handler(header, requests[slot], replies[slot])
+                    result = handler(header, requests[slot], replies[slot])
                 except Exception as e:
-                    future = torch.futures.Future()
-                    future.set_exception(e)
-                future.add_done_callback(lambda f, slot=slot: answer(slot, f))
+                    _send(slot, False, e)
+                    continue
+                if isinstance(result, torch.futures.Future):
+                    result.add_done_callback(lambda f, slot=slot: answer(slot, f))
+                else:
+                    _send(slot, True, result)
         finally:
             for fd in (request_fd, reply_fd):
                 try:

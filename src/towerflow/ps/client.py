@@ -177,8 +177,10 @@ class PSClient:
     def wait(self, ch: Channel, future) -> Any:
         """The call's reply. A ps cut off by the network never fails the call, and a sync or ssp pull also
         waits on other workers: the server watches their heartbeats to say when to stop waiting."""
-        self.server.wait_watching(future, serving=("ps",))
         try:
+            if isinstance(future, linked.LinkedStep):  # read in this thread, watching while nothing comes
+                return future.result(idle=self.server.peer_watch(serving=("ps",)))
+            self.server.wait_watching(future, serving=("ps",))
             return future.wait()
         except RuntimeError as e:
             if _transport.is_peer_lost(e):

@@ -41,16 +41,28 @@ def offer_for(ch) -> shm_link.LinkClient:
     return shm_link.LinkClient(specs, specs)
 
 
-def push_pull(link: shm_link.LinkClient, slot: int, request: PushPull) -> torch.futures.Future:
-    """Send the step whose gradients are already in `slot`'s request tensors; a future of `PushPulled` whose
-    values are the slot's reply tensors (valid until the slot is used again, two steps later)."""
-    values = link.replies[slot]
-    return _mapped(link.call(slot, dataclasses.replace(request, grads=())), lambda reply: _with_values(reply, values))
+class LinkedStep:
+    """A step sent over a link, its reply not read yet: what the RPC path's future is (`PSClient.wait` reads it)."""
+
+    def __init__(self, link: shm_link.LinkClient, slot: int):
+        self.link, self.slot = link, slot
+
+    def result(self, idle: Optional[Callable[[], None]] = None) -> PushPulled:
+        """The `PushPulled` whose values are the slot's reply tensors (valid until the slot is used again, two
+        steps later); `idle()` runs every second while the ps has not answered."""
+        reply = self.link.reply(self.slot, idle)
+        return PushPulled(reply.outcome, Pulled(reply.pulled.ticket, self.link.replies[self.slot]))
+
+
+def push_pull(link: shm_link.LinkClient, slot: int, request: PushPull) -> LinkedStep:
+    """Send the step whose gradients are already in `slot`'s request tensors."""
+    link.call(slot, dataclasses.replace(request, grads=()))
+    return LinkedStep(link, slot)
 
 
 def _mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
     """A future of fn(future's value), failing with the very exception `future` fails with (`.then` would wrap
-    it in a plain RuntimeError: the client could no longer tell a closed link, a lost ps, from an error)."""
+    it in a plain RuntimeError, and the worker could no longer tell what failed)."""
     out: torch.futures.Future = torch.futures.Future()
 
     def done(f: torch.futures.Future) -> None:
@@ -63,15 +75,13 @@ def _mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
     return out
 
 
-def _with_values(reply: PushPulled, values: List[torch.Tensor]) -> PushPulled:
-    return PushPulled(reply.outcome, Pulled(reply.pulled.ticket, values))
-
-
 def handler(service_of: Callable[[], object]) -> shm_link.Handler:
     """The ps side: run `push_pull` of the current service with the slot's gradients, reply with the values copied."""
 
     def handle(header: PushPull, grads: List[torch.Tensor], reply: List[torch.Tensor]) -> torch.futures.Future:
         future = service_of().push_pull(dataclasses.replace(header, grads=grads))
+        if future.done():  # answered now (async): reply without a callback chain
+            return _into(future.value(), reply)
         return _mapped(future, lambda result: _into(result, reply))
 
     return handle

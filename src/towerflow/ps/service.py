@@ -172,6 +172,10 @@ class ShardService:
         """A push, then a pull, in one call (one round trip per step): a future of `PushPulled`."""
         outcome = self.push(request.worker, request.ticket, request.grads, request.lr, request.rows, request.kind)
         pulled = self.pull(request.worker, request.clock, request.after_step)
+        if pulled.done():  # async, most ssp steps: no callback chain
+            now: torch.futures.Future = torch.futures.Future()
+            now.set_result(PushPulled(outcome, pulled.value()))
+            return now
         return pulled.then(lambda f: PushPulled(outcome, f.value()))
 
     def finish(self, worker: int, pushes_sent: Optional[int] = None) -> torch.futures.Future:
