@@ -133,3 +133,13 @@ def test_an_offer_from_another_host_is_declined(tmp_path):
                                         ("[::1]:5", "[::1]:6", True), ("hosta:1", "hostb:1", False)])
 def test_same_host_compares_the_host_part_of_addresses(a, b, same):
     assert shm_link.same_host(a, b) is same
+
+
+def test_a_link_that_does_not_fit_fails_at_once_and_leaves_nothing(tmp_path, monkeypatch):
+    def no_room(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
+    with pytest.raises(OSError, match="No space left"):
+        shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
+    assert os.listdir(tmp_path) == []

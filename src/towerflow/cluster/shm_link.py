@@ -54,9 +54,16 @@ class LinkOffer:
 
 
 def _mapped(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
-    if not create and not os.path.exists(path):
+    size = max(numel, 1)
+    if create:  # reserve the memory now: a full /dev/shm fails here (ENOSPC), not later as a SIGBUS on first write
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size * torch.empty(0, dtype=dtype).element_size())
+        finally:
+            os.close(fd)
+    elif not os.path.exists(path):
         raise FileNotFoundError(path)  # torch.from_file would create it: another host's file is not here
-    return torch.from_file(path, shared=True, size=max(numel, 1), dtype=dtype)[:numel]
+    return torch.from_file(path, shared=True, size=size, dtype=dtype)[:numel]
 
 
 def _slots(offer: LinkOffer, kind: str, specs: TensorSpecs, create: bool) -> List[List[torch.Tensor]]:
@@ -101,13 +108,18 @@ class LinkClient:
     for that slot's reply header in the calling thread (no reader thread: the kernel wakes the waiter itself)."""
 
     def __init__(self, requests: TensorSpecs, replies: TensorSpecs, directory: str = SHM_DIR):
+        """Raises OSError when the slots do not fit in `directory` (ENOSPC); nothing is left behind then."""
         self.offer = LinkOffer(os.path.join(directory, f"towerflow-link-{uuid.uuid4().hex}"), tuple(requests), tuple(replies))
         self._paths = [self.offer.path(f"{kind}{k}.{i}") for kind, specs in (("q", requests), ("r", replies))
                        for k in range(SLOTS) for i in range(len(specs))] + [self.offer.path("in"), self.offer.path("out")]
-        self.requests = _slots(self.offer, "q", self.offer.requests, create=True)
-        self.replies = _slots(self.offer, "r", self.offer.replies, create=True)
-        os.mkfifo(self.offer.path("in"))
-        os.mkfifo(self.offer.path("out"))
+        try:
+            self.requests = _slots(self.offer, "q", self.offer.requests, create=True)
+            self.replies = _slots(self.offer, "r", self.offer.replies, create=True)
+            os.mkfifo(self.offer.path("in"))
+            os.mkfifo(self.offer.path("out"))
+        except OSError:  # e.g. ENOSPC: /dev/shm too small for the slots; leave nothing behind
+            self.unlink()
+            raise
         # open the reply pipe first (without waiting for a writer), so that the server's open for writing succeeds
         self._reply_fd: Optional[int] = os.open(self.offer.path("out"), os.O_RDONLY | os.O_NONBLOCK)
         # and hold the request pipe's write end from the start (read-write: Linux opens a pipe so without waiting),

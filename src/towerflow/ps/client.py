@@ -153,7 +153,9 @@ class PSClient:
         ch.link_tried_for = ch.to
         if not linked.wanted(self.server.cluster, (self.server.job_name, self.server.task_index), ch.task):
             return
-        link = linked.offer_for(ch)
+        link = linked.offer_for(ch, self.server.name)
+        if link is None:
+            return
         try:
             accepted = self.wait(ch, self.call(ch, endpoints.attach_link, self.worker, link.offer))
             if accepted:

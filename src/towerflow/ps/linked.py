@@ -16,6 +16,7 @@ host after all) declines, and the channel keeps RPC.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Callable, List, Optional
 
 import torch
@@ -35,10 +36,19 @@ def wanted(cluster, worker_task: tuple, ps_task: int) -> bool:
         return False
 
 
-def offer_for(ch) -> shm_link.LinkClient:
-    """A link whose request and reply slots have the shapes of the channel's flat buffers (one per dtype)."""
+def offer_for(ch, who: str) -> Optional[shm_link.LinkClient]:
+    """A link whose request and reply slots have the shapes of the channel's flat buffers (one per dtype), or
+    None, said on stderr, when shared memory cannot hold them (the steps then go over RPC)."""
     specs = tuple((b.numel(), b.dtype) for b in ch.buffers[0])
-    return shm_link.LinkClient(specs, specs)
+    try:
+        return shm_link.LinkClient(specs, specs)
+    except OSError as e:
+        need = 2 * shm_link.SLOTS * sum(b.numel() * b.element_size() for b in ch.buffers[0])
+        print(f"towerflow: {who}: no shared-memory link to /job:ps/task:{ch.task} ({e}; it needs {need / 2**20:.0f} MiB "
+              f"in {shm_link.SHM_DIR}): its steps go over RPC. Give {shm_link.SHM_DIR} more room (docker run "
+              "--shm-size, a pod's emptyDir medium Memory) or set TOWERFLOW_PS_LINK=rpc to silence this.",
+              file=sys.stderr, flush=True)
+        return None
 
 
 class LinkedStep:
