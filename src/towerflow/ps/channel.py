@@ -32,18 +32,32 @@ class Channel:
         self.pushes = 0  # this worker's pushes this ps task has counted (its clock there)
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers[0])
         self.link = None  # a same-host shared-memory link to the ps task (`linked.py`), when it has one
+        self._views: List[tuple] = []  # (a reply slot's tensors, the parameters' views into them), per slot
         self.link_tried_for: Optional[str] = None  # the ps incarnation (RPC name) a link was last offered to
 
     def use_link(self, link) -> None:
         """Steps go over `link` from now on: its request slots become the push buffers (packing writes into them)."""
         self.link = link
         self.buffers = link.requests
+        self._views = [(slot, self._views_of(slot)) for slot in link.replies]
+
+    def _views_of(self, flats: List[torch.Tensor]) -> List[torch.Tensor]:
+        by_dtype = dict(zip(self.dtypes, flats))
+        return [by_dtype[s.dtype][s.offset:s.offset + s.numel].view(s.shape) for s in self.shards]
+
+    def _slot_views(self, flats: List[torch.Tensor]) -> List[torch.Tensor]:
+        """The parameters' views into a link's reply slot, cut once per slot (a step re-points, not re-slices)."""
+        for slot, views in self._views:
+            if all(a is b for a, b in zip(slot, flats)):
+                return views
+        return self._views_of(flats)  # the values came over RPC (the first pull, a refresh)
 
     def drop_link(self) -> None:
         """The ps task was lost: close the link (its pending steps fail); the next step offers a new one."""
         if self.link is not None:
             self.link.close()
         self.link = None
+        self._views = []
         self.link_tried_for = None
 
     def _piece(self, s, t: torch.Tensor) -> torch.Tensor:
@@ -75,6 +89,10 @@ class Channel:
         every variable on a GPU, are copied (one foreach copy per call).
         """
         self.ticket = ticket
+        if self.link is not None and device.type == "cpu" and not any(s.is_partitioned for s in self.shards):
+            for p, view in zip(self.params, self._slot_views(flats)):
+                p.data = view
+            return
         by_dtype = dict(zip(self.dtypes, flats))
         if device.type != "cpu":
             by_dtype = {d: f.to(device, non_blocking=True) for d, f in by_dtype.items()}
