@@ -319,6 +319,12 @@ def main(argv=None) -> None:
     for c, v in base.items():
         ratios = ", ".join(f"{v / base[o]:.2f}x {o}" for o in ("one_process", "rpc_loop") if o in base and o != c)
         print(f"  {c:16s} {v:8.1f}  {ratios}")
+    for ref in ("one_process", "rpc_loop"):  # each launch's own ratio (same minutes, same load), then the median
+        if ref in runs:
+            paired = {c: statistics.median(r["steps_per_s"] / b["steps_per_s"] for r, b in zip(rs, runs[ref]))
+                      for c, rs in runs.items() if c != ref}
+            summary[f"median_paired_ratio_to_{ref}"] = paired
+            print(f"median of each launch's ratio to {ref}: " + ", ".join(f"{c} {v:.2f}" for c, v in paired.items()))
     for c, rs in runs.items():
         parts = [r["workers"][0].get("per_step_us") for r in rs if r["workers"][0].get("per_step_us")]
         if parts:
