@@ -120,6 +120,7 @@ class TowerPool:
         torch.set_num_threads(main_threads)
 
     def _serve(self, index: int, threads: Optional[int], ready: threading.Barrier) -> None:
+        torch.get_num_threads()  # torch sets a thread's count from the process's on first use: do that first
         if threads is not None:
             torch.set_num_threads(threads)
         ready.wait()
