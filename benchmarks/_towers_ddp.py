@@ -3,7 +3,7 @@
 MirroredStrategy() here is the process layout (DDP over gloo, one torch thread per replica). Both
 replicas wait on the driver's TCPStore for `go/<round>` (a blocking read: idle while the driver
 times its one-process variants), run that many steps between two barriers, and rank 0 writes the
-samples/s to `done/<round>`; `go/<round>` = 0 ends the run.
+samples/s to `done/<round>` (each its CPU seconds to `cpu/<round>/<rank>`); `go/<round>` = 0 ends the run.
 
     towerflow launch --nproc 2 benchmarks/_towers_ddp.py --store HOST:PORT --model large --batch-size B --warmup W
 """
@@ -57,9 +57,10 @@ def main() -> None:
         if steps == 0:
             break
         strategy.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         run(steps, at)
         strategy.barrier()
+        store.set(f"cpu/{rnd}/{r}", str(time.process_time() - cpu))
         if strategy.is_chief:
             store.set(f"done/{rnd}", str(steps * args.batch_size / (time.perf_counter() - start)))
         at, rnd = at + steps, rnd + 1

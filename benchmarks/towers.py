@@ -5,14 +5,16 @@ round, so a shared machine's noise hits every variant alike):
 
   plain-1t  the plain PyTorch loop in one process, batch B, torch threads = 1
   plain-2t  the same with torch threads = 2 (this machine's cores)
-  towers    MirroredStrategy(devices=["/cpu:0", "/cpu:1"]) in this process: 2 towers (threads) of
-            B/2 each, 1 torch thread per tower (the default on 2 cores), averaged in memory
-  towers-2t the same with 2 torch threads per tower (oversubscribed: the thread-count choice)
+  towers    MirroredStrategy(devices=["/cpu:0", "/cpu:1"]) in this process: 2 towers (the calling
+            thread and one more) of B/2 each, 1 torch thread per tower (the default on 2 cores),
+            gradients summed in memory; the optimizer step runs in the calling thread (1 thread)
+  towers-2t the same with threads_per_tower=2 (oversubscribed: the thread-count choice)
   ddp       MirroredStrategy() in two replica processes (`towerflow launch --nproc 2`), B/2 each,
             DDP over gloo, 1 torch thread per replica (benchmarks/_towers_ddp.py)
 
-Reported per variant: samples/s (median over rounds) and the median of the per-round ratios to
-plain-1t and to plain-2t. Models: `large` (784-4096-3328-10, 16.9M parameters, synthetic
+Reported per variant: samples/s (median over rounds), the median of the per-round ratios to
+plain-1t and to plain-2t, and CPU milliseconds per sample (all threads; both processes for ddp):
+the work a variant spends, which a shared machine's load changes far less than the wall clock. Models: `large` (784-4096-3328-10, 16.9M parameters, synthetic
 MNIST-shaped data; benchmarks/ps_bench.py's `large_mlp`) and `small` (64-256-256-10 on the 8x8 digits).
 
     PYTHONPATH=src python benchmarks/towers.py [--models large small] [--rounds 7] [--json out.json]
@@ -97,10 +99,12 @@ def _launch_ddp(name, batch_size, warmup, timeout):
     rnd = {"n": 0}
 
     def run(k):
-        store.set(f"go/{rnd['n']}", str(k))
-        rate = float(store.get(f"done/{rnd['n']}"))
+        n = rnd["n"]
+        store.set(f"go/{n}", str(k))
+        rate = float(store.get(f"done/{n}"))
+        cpu = float(store.get(f"cpu/{n}/0")) + float(store.get(f"cpu/{n}/1"))
         rnd["n"] += 1
-        return rate
+        return rate, cpu
 
     def stop():
         store.set(f"go/{rnd['n']}", "0")
@@ -123,7 +127,7 @@ def bench(name: str, args) -> dict:
     runs = {
         "plain-1t": _one_process(name, data, 1),
         "plain-2t": _one_process(name, data, 2),
-        "towers": _one_process(name, data, 2, towers),
+        "towers": _one_process(name, data, 1, towers),
         "towers-2t": _one_process(name, data, 2, towers_2t),
     }
     for run in runs.values():
@@ -131,33 +135,38 @@ def bench(name: str, args) -> dict:
     ddp_run, ddp_stop, ddp_threads = _launch_ddp(name, batch_size, args.warmup, args.timeout)
     names = [*runs, "ddp"]
     rates = {v: [] for v in names}
+    cpu_ms = {v: [] for v in names}  # CPU milliseconds (all threads, both processes for ddp) per sample
     try:
         for r in range(args.rounds):
             for v in names[r % len(names):] + names[:r % len(names)]:
                 if v == "ddp":
-                    rates[v].append(ddp_run(chunk))
-                    continue
-                start = time.perf_counter()
-                runs[v](chunk)
-                rates[v].append(chunk * batch_size / (time.perf_counter() - start))
+                    rate, cpu = ddp_run(chunk)
+                else:
+                    start, cpu0 = time.perf_counter(), time.process_time()
+                    runs[v](chunk)
+                    rate, cpu = chunk * batch_size / (time.perf_counter() - start), time.process_time() - cpu0
+                rates[v].append(rate)
+                cpu_ms[v].append(1000 * cpu / (chunk * batch_size))
             print(f"  {name} round {r}: " + ", ".join(f"{v} {rates[v][-1]:,.0f}" for v in names), flush=True)
     finally:
         ddp_stop()
         towers.shutdown()
         towers_2t.shutdown()
     return {"batch_size": batch_size, "chunk_steps": chunk, "ddp_threads_per_replica": ddp_threads,
-            "parameters": sum(p.numel() for p in build(name).parameters()), "samples_per_sec": rates}
+            "parameters": sum(p.numel() for p in build(name).parameters()), "samples_per_sec": rates,
+            "cpu_ms_per_sample": cpu_ms}
 
 
 def summarize(name: str, result: dict) -> None:
     rates = result["samples_per_sec"]
     print(f"\n{name}: {result['parameters']:,} parameters, batch {result['batch_size']}, "
           f"{len(rates['plain-1t'])} rounds of {result['chunk_steps']} steps per variant")
-    print(f"{'variant':<10} {'samples/s':>10} {'x plain-1t':>11} {'x plain-2t':>11}   rounds")
+    print(f"{'variant':<10} {'samples/s':>10} {'x plain-1t':>11} {'x plain-2t':>11} {'CPU ms/sample':>14}   rounds")
     for v, rs in rates.items():
         r1 = statistics.median(a / b for a, b in zip(rs, rates["plain-1t"]))
         r2 = statistics.median(a / b for a, b in zip(rs, rates["plain-2t"]))
-        print(f"{v:<10} {statistics.median(rs):>10,.0f} {r1:>11.2f} {r2:>11.2f}   "
+        cpu = statistics.median(result["cpu_ms_per_sample"][v])
+        print(f"{v:<10} {statistics.median(rs):>10,.0f} {r1:>11.2f} {r2:>11.2f} {cpu:>14.3f}   "
               + " ".join(f"{x:,.0f}" for x in rs))
 
 

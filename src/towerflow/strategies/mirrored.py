@@ -43,7 +43,8 @@ class MirroredStrategy(Strategy):
     "threads" (the CPU devices as towers of this one process), or None: threads when this process
     is not one of a launcher's replicas and has several CPU devices (`devices`, else the logical
     CPU devices), else processes. `threads_per_tower`: torch threads of each tower (default: the
-    host's cores split among the towers; OMP_NUM_THREADS set leaves them alone).
+    host's cores split among the towers, also the count of this thread, which runs tower 0 and the
+    optimizer step; OMP_NUM_THREADS set leaves them alone).
     """
 
     name = "mirrored"
@@ -72,6 +73,8 @@ class MirroredStrategy(Strategy):
             self.env, self.backend, self._owns_group, self._heartbeat = env, None, False, None
             if threads_per_tower is None and not env.threads_set_by_user:
                 threads_per_tower = _towers.default_threads_per_tower(n)
+            if threads_per_tower is not None:
+                torch.set_num_threads(threads_per_tower)  # this thread runs tower 0 (and the optimizer step)
             self._threads_per_tower = threads_per_tower
             return
         device, device_name = self._pick_device(env, devices)

@@ -100,17 +100,18 @@ def default_threads_per_tower(num_towers: int) -> int:
 
 # ---------------------------------------------------------------- the towers' threads
 class TowerPool:
-    """One thread per tower (tower i always runs in thread i), each with its own torch thread count."""
+    """Tower 0 runs in the calling thread, tower i > 0 always in thread i; each with its own torch thread count."""
 
     def __init__(self, num_towers: int, threads_per_tower: Optional[int]):
         self.num_towers = num_towers
-        self._inboxes: List[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_towers)]
+        self.threads_per_tower = threads_per_tower
+        self._inboxes: List[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_towers - 1)]
         main_threads = torch.get_num_threads()
-        ready = threading.Barrier(num_towers + 1)
+        ready = threading.Barrier(num_towers)
         self._threads = [
             threading.Thread(target=self._serve, args=(i, threads_per_tower, ready), name=f"towerflow-tower-{i}",
                              daemon=True)
-            for i in range(num_towers)
+            for i in range(1, num_towers)
         ]
         for t in self._threads:
             t.start()
@@ -118,14 +119,16 @@ class TowerPool:
         # torch.set_num_threads in a tower's thread also becomes the count new threads start with:
         # give this thread's count back to the process (this thread's own count is unchanged).
         torch.set_num_threads(main_threads)
+        self._closed = False
 
     def _serve(self, index: int, threads: Optional[int], ready: threading.Barrier) -> None:
         torch.get_num_threads()  # torch sets a thread's count from the process's on first use: do that first
         if threads is not None:
             torch.set_num_threads(threads)
         ready.wait()
+        inbox = self._inboxes[index - 1]
         while True:
-            job = self._inboxes[index].get()
+            job = inbox.get()
             if job is None:
                 return
             fn, future = job
@@ -134,27 +137,42 @@ class TowerPool:
             except BaseException as e:  # handed to the caller, which re-raises it
                 future.set_exception(e)
 
+    def _in_caller(self, fn: Callable[[int], Any]) -> Any:
+        before = torch.get_num_threads()
+        if self.threads_per_tower is None or self.threads_per_tower == before:
+            return fn(0)
+        torch.set_num_threads(self.threads_per_tower)
+        try:
+            return fn(0)
+        finally:
+            torch.set_num_threads(before)
+
     def run(self, fn: Callable[[int], Any], count: Optional[int] = None) -> List[Any]:
         """[fn(0), ..., fn(count - 1)], fn(i) in tower i's thread, all at once; the first tower's error is raised."""
-        if not self._threads:
+        if self._closed:
             raise StrategyError("the towers' threads are closed (strategy.shutdown() ran): set up the model again")
-        futures = [Future() for _ in range(count if count is not None else self.num_towers)]
-        for i, future in enumerate(futures):
-            self._inboxes[i].put((fn, future))
-        errors = [f.exception() for f in futures]  # waits for every tower, so none is left running
+        futures = [Future() for _ in range((count if count is not None else self.num_towers) - 1)]
+        for inbox, future in zip(self._inboxes, futures):
+            inbox.put((fn, future))
+        first, errors = None, [None]
+        try:
+            first = self._in_caller(fn)
+        except BaseException as e:
+            errors[0] = e
+        errors += [f.exception() for f in futures]  # waits for every tower, so none is left running
         for i, error in enumerate(errors):
             if error is not None:
                 if hasattr(error, "add_note"):
                     error.add_note(f"(raised in tower {i} of {self.num_towers})")
                 raise error
-        return [f.result() for f in futures]
+        return [first, *(f.result() for f in futures)]
 
     def close(self) -> None:
         for inbox in self._inboxes:
             inbox.put(None)
         for t in self._threads:
             t.join(timeout=30)
-        self._threads = []
+        self._threads, self._closed = [], True
 
 
 # ---------------------------------------------------------------- nested tensors (args, outputs)
@@ -345,23 +363,34 @@ class _TowersFunction(torch.autograd.Function):
                 "a second backward through one forward of towers='threads' (retain_graph=True): each tower frees its "
                 "graph after the first backward. Run the forward again"
             )
-        per_tower = call.pool.run(lambda i: call.grads(i, list(grad_outputs)), len(call.bounds))
-        call.outs = call.chunks = None  # the towers' graphs are freed
+        towers = len(call.bounds)
         num_params = len(call.params)
+        groups = _groups(call.params, towers)
+        per_tower: List[Optional[List[Optional[torch.Tensor]]]] = [None] * towers
         summed: List[Optional[torch.Tensor]] = [None] * num_params
-        groups = _groups(call.params, len(call.bounds))
+        all_done = threading.Barrier(towers)
 
-        def add_group(group: int) -> None:  # each tower's thread sums one group of parameters
-            for j in groups[group]:
+        def tower(i: int) -> None:  # its graph's gradients, then (all towers done) the sums of one group of parameters
+            try:
+                per_tower[i] = call.grads(i, list(grad_outputs))
+            except BaseException:
+                all_done.abort()
+                raise
+            try:
+                all_done.wait()
+            except threading.BrokenBarrierError:
+                return  # another tower failed: its error is raised
+            for j in groups[i]:
                 parts = [g[j] for g in per_tower if g[j] is not None]
                 if len(parts) == 1:
                     summed[j] = parts[0]
                 elif parts:
-                    summed[j] = parts[0] + parts[1]  # a new tensor: the towers' gradients may be views of grad_outputs
+                    summed[j] = parts[0] + parts[1]  # a new tensor: a tower's gradient may be a view of grad_outputs
                     for part in parts[2:]:
                         summed[j].add_(part)
 
-        call.pool.run(add_group, len(call.bounds))
+        call.pool.run(tower, towers)
+        call.outs = call.chunks = None  # the towers' graphs are freed
         inputs = []
         for k, x in enumerate(call.inputs):
             parts = [g[num_params + k] for g in per_tower]
