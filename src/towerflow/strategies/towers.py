@@ -341,6 +341,20 @@ def _groups(params: List[torch.Tensor], n: int) -> List[List[int]]:
     return groups
 
 
+def _owned(grads: List[Optional[torch.Tensor]], grad_outputs) -> List[bool]:
+    """Which of one tower's gradients own their storage (all of it, shared with nothing else): safe to add into."""
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    outside = {storage(g) for g in grad_outputs if g is not None}
+    counts: dict = {}
+    for g in grads:
+        if g is not None:
+            counts[storage(g)] = counts.get(storage(g), 0) + 1
+    return [g is not None and counts[storage(g)] == 1 and storage(g) not in outside
+            and g.numel() * g.element_size() == g.untyped_storage().nbytes() for g in grads]
+
+
 class _TowersFunction(torch.autograd.Function):
     """Forward: the towers' forwards in parallel; backward: their autograd.grad in parallel, gradients summed."""
 
@@ -368,11 +382,13 @@ class _TowersFunction(torch.autograd.Function):
         groups = _groups(call.params, towers)
         per_tower: List[Optional[List[Optional[torch.Tensor]]]] = [None] * towers
         summed: List[Optional[torch.Tensor]] = [None] * num_params
+        owned: List[List[bool]] = [[]] * towers
         all_done = threading.Barrier(towers)
 
         def tower(i: int) -> None:  # its graph's gradients, then (all towers done) the sums of one group of parameters
             try:
                 per_tower[i] = call.grads(i, list(grad_outputs))
+                owned[i] = _owned(per_tower[i], grad_outputs)
             except BaseException:
                 all_done.abort()
                 raise
@@ -381,13 +397,16 @@ class _TowersFunction(torch.autograd.Function):
             except threading.BrokenBarrierError:
                 return  # another tower failed: its error is raised
             for j in groups[i]:
-                parts = [g[j] for g in per_tower if g[j] is not None]
+                parts = [(g[j], own) for g, own in zip(per_tower, owned) if g[j] is not None]
                 if len(parts) == 1:
-                    summed[j] = parts[0]
-                elif parts:
-                    summed[j] = parts[0] + parts[1]  # a new tensor: a tower's gradient may be a view of grad_outputs
-                    for part in parts[2:]:
-                        summed[j].add_(part)
+                    summed[j] = parts[0][0]
+                elif parts:  # into the first gradient nothing else holds (saves an allocation), else a new tensor
+                    first = next((k for k, (_, own) in enumerate(parts) if own[j]), None)
+                    acc = parts[first][0] if first is not None else parts[0][0] + parts[1][0]
+                    for k, (g, _) in enumerate(parts):
+                        if k != first and (first is not None or k > 1):
+                            acc.add_(g)
+                    summed[j] = acc
 
         call.pool.run(tower, towers)
         call.outs = call.chunks = None  # the towers' graphs are freed
