@@ -1,27 +1,21 @@
 """Towers in one process: `MirroredStrategy` over several CPU devices as threads of one process.
 
-TF's MirroredStrategy builds one tower per device inside one process and averages in memory. On
-CPUs that beats one process per device: the towers share the parameter tensors (nothing to
-copy, nothing to all-reduce over a socket), and torch ops release the GIL, so the towers' ops run
-in parallel. `TowerModule` wraps the user's module; `setup` returns it and the loop stays the
-same (`out = model(x)`; `loss_fn(out, y).backward()`; `opt.step()`):
+TF's MirroredStrategy with logical CPUs: one tower per device in one process, gradients summed in
+memory (the towers share the parameter tensors; torch ops release the GIL, so the towers' ops run
+in parallel). `TowerModule` wraps the user's module and the loop stays the same:
 
 * forward: the batch (dim 0 of every tensor argument) is cut into one chunk per tower, sizes
-  differing by at most one, the first towers taking the larger ones (what `ShardSampler` gives
-  N replica processes); each tower runs the module on its chunk in its own thread, with the
-  parameters themselves; the outputs are concatenated back along dim 0.
+  differing by at most one, the first towers larger (`ShardSampler`'s rule); each tower runs the
+  module on its chunk in its own thread (tower 0 in the calling one), with the parameters
+  themselves; the outputs are concatenated along dim 0, so the loss sees the whole batch.
 * backward (`_TowersFunction`): the output gradient is cut the same way; each tower runs
-  `torch.autograd.grad` over its own graph in its thread; the towers' parameter gradients are
-  summed in memory (also in the towers' threads, one group of parameters each) and handed to
-  autograd as the parameters' gradients. The loss is computed on the whole batch, so `.grad` is
-  the full-batch gradient up to float summation order (tests/strategies/test_towers.py).
+  `torch.autograd.grad` over its own graph, then sums one group of parameters' gradients over the
+  towers; autograd gets the sums: `.grad` is the full-batch gradient up to float summation order.
 
 Refused, with an error that says what to do: BatchNorm (running statistics) in training mode,
-outputs that are not tensors with a batch dimension (in tensors, tuples, lists, dicts), tensor
-arguments of different batch sizes, a second backward through one forward (retain_graph) and
-double backward, GPU devices (one process per GPU: `towerflow launch --nproc N`; towers on GPUs
-are not built). Dropout draws from the one global generator from several threads: its masks
-differ from a one-process run and between runs.
+outputs that are not tensors with a batch dimension (alone or in tuples, lists, dicts), tensor
+arguments of different batch sizes, a second backward through one forward, double backward, GPU
+devices (towers on GPUs are not built). Measured: docs/benchmarks.md, "Towers in one process".
 """
 
 from __future__ import annotations
@@ -66,14 +60,10 @@ def towers_mode(towers: Optional[str], env, devices: Optional[Sequence[str]]) ->
     if not alone:
         return "processes"
     if devices is not None:
-        return "threads" if len(devices) > 1 and not any(_is_gpu(d) for d in devices) else "processes"
+        return "threads" if len(devices) > 1 and all(resolve_device(d)[0].type == "cpu" for d in devices) else "processes"
     table = _logical.table()
     cpus = [d for d in table.devices if d.device_type == "CPU"]
     return "threads" if len(cpus) > 1 and not table.has_type("GPU") else "processes"
-
-
-def _is_gpu(spec) -> bool:
-    return resolve_device(spec)[0].type != "cpu"
 
 
 def tower_devices(devices: Optional[Sequence[str]]) -> List[str]:
@@ -108,11 +98,8 @@ class TowerPool:
         self._inboxes: List[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_towers - 1)]
         main_threads = torch.get_num_threads()
         ready = threading.Barrier(num_towers)
-        self._threads = [
-            threading.Thread(target=self._serve, args=(i, threads_per_tower, ready), name=f"towerflow-tower-{i}",
-                             daemon=True)
-            for i in range(1, num_towers)
-        ]
+        self._threads = [threading.Thread(target=self._serve, args=(i, threads_per_tower, ready), daemon=True,
+                                          name=f"towerflow-tower-{i}") for i in range(1, num_towers)]
         for t in self._threads:
             t.start()
         ready.wait()
@@ -273,9 +260,11 @@ class TowerModule(nn.Module):
         params = [p for p in self.module.parameters() if p.requires_grad]
         inputs = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
         if not torch.is_grad_enabled() or not (params or inputs):
-            return call.rebuild_output(_merge(self.pool.run(call.forward_no_grad, len(bounds)), bounds))
-        call.params, call.inputs = params, inputs
-        return call.rebuild_output(list(_TowersFunction.apply(call, *params, *inputs)))
+            merged = _merge(self.pool.run(lambda i: call.run(i, grad=False)[0], len(bounds)), bounds)
+        else:
+            call.params, call.inputs = params, inputs
+            merged = list(_TowersFunction.apply(call, *params, *inputs))
+        return call.build_output(merged)  # set by tower 0's forward
 
 
 class _Call:
@@ -290,36 +279,24 @@ class _Call:
         self.autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
         self.build_output = None
 
-    def _args(self, tower: int, grad: bool):
+    def run(self, tower: int, grad: bool):
+        """Tower `tower`'s forward on its chunk: (its output leaves, its chunks of the inputs that require grad)."""
         start, stop = self.bounds[tower]
-        out, own = [], []
+        chunked, own = [], []
         for t in self.leaves:
             if isinstance(t, torch.Tensor):
                 t = t[start:stop]
                 if grad and t.requires_grad:
                     t = t.detach().requires_grad_()  # this tower's leaf: autograd.grad stops here
                     own.append(t)
-            out.append(t)
-        args, kwargs = self.rebuild(out)
-        return args, kwargs, own
-
-    def _run(self, tower: int, grad: bool):
-        args, kwargs, own = self._args(tower, grad)
+            chunked.append(t)
+        args, kwargs = self.rebuild(chunked)
         with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=self.autocast[1], enabled=self.autocast[0]):
             out = self.module(*args, **kwargs)
         leaves, build = _flatten(out, "output")
         if tower == 0:
             self.build_output = build
         return leaves, own
-
-    def forward_no_grad(self, tower: int) -> List[torch.Tensor]:
-        return self._run(tower, grad=False)[0]
-
-    def forward(self, tower: int):
-        return self._run(tower, grad=True)
-
-    def rebuild_output(self, merged: List[torch.Tensor]) -> Any:
-        return self.build_output(merged)
 
     def grads(self, tower: int, grad_outputs: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
         start, stop = self.bounds[tower]
@@ -360,7 +337,7 @@ class _TowersFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, call: _Call, *tensors: torch.Tensor):
-        results = call.pool.run(call.forward, len(call.bounds))
+        results = call.pool.run(lambda i: call.run(i, grad=True), len(call.bounds))
         call.outs = [leaves for leaves, _ in results]
         call.chunks = [own for _, own in results]
         merged = _merge([[o.detach() for o in outs] for outs in call.outs], call.bounds)
