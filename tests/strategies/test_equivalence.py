@@ -1,6 +1,7 @@
 """N replicas with per-replica batch b end with the parameters of one replica with batch N*b (SGD).
 
-Replicas are N processes on this CPU, replica i on logical device /cpu:i (gloo all-reduce).
+Replicas are N processes on this CPU, replica i on logical device /cpu:i (gloo all-reduce); the
+same N devices as towers of one process (towers="threads") end with the DDP replicas' parameters.
 """
 
 import os
@@ -34,6 +35,13 @@ def test_n_replicas_match_one_replica_with_n_times_the_batch(n, tmp_path):
     _assert_same(got["uneven"], uneven(one), f"{n} replicas, uneven tail + schedule + clipping")
     one = towerflow.OneDeviceStrategy("/cpu:0", variables_on="cpu")
     _assert_same(got["host"], even(one, per_replica_batch=4 * n), f"{n} replicas, variables on the CPU")
+
+    # the same devices as towers of this one process (tests/strategies/test_towers.py) give what DDP gave
+    devices = [f"/cpu:{i}" for i in range(n)]
+    with towerflow.MirroredStrategy(devices=devices, towers="threads") as towers:
+        _assert_same(even(towers, per_replica_batch=4), got["even"], f"{n} towers against {n} DDP replicas, even")
+    with towerflow.MirroredStrategy(devices=devices, towers="threads") as towers:
+        _assert_same(uneven(towers), got["uneven"], f"{n} towers against {n} DDP replicas, uneven")
 
 
 def test_replicas_really_differ_from_a_smaller_batch(tmp_path):

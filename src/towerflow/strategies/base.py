@@ -69,6 +69,9 @@ class Strategy:
     # Where to build embedding tables (`nn.EmbeddingBag(..., device=strategy.table_device)`): None here
     # (this process trains them); 'meta' with parameter servers (their rows live on the ps tasks).
     table_device: Optional[str] = None
+    # Replicas that read one shard of the data together: the towers of one process
+    # (MirroredStrategy(towers="threads")); the loader shards by process, the towers split its batches.
+    towers_per_process = 1
 
     def __init__(
         self,
@@ -213,7 +216,7 @@ class Strategy:
             )
         total = global_batch_size if global_batch_size is not None else batch_size * self.num_replicas_in_sync
         sampler = ShardSampler(
-            len(dataset), total, self.num_replicas_in_sync, self.replica_id, shuffle=shuffle, seed=seed,
+            len(dataset), total, self._num_shards, self.replica_id // self.towers_per_process, shuffle=shuffle, seed=seed,
             drop_last=drop_last,
         )
         return DistributedLoader(
@@ -221,10 +224,14 @@ class Strategy:
             on_batch=self._on_batch,
         )
 
+    @property
+    def _num_shards(self) -> int:
+        return self.num_replicas_in_sync // self.towers_per_process
+
     def _on_batch(self, batch: ShardBatch) -> None:
         local = len(batch.indices)
         self.last_batch = batch
-        self.batch_weight = local * self.num_replicas_in_sync / batch.global_size
+        self.batch_weight = local * self._num_shards / batch.global_size
         self._batch_is_empty = local == 0
 
     # ---- collectives (identity on one replica)

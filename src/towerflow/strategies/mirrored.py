@@ -5,6 +5,9 @@ contention between towers), `DistributedDataParallel` for the gradients (buckete
 overlapping the backward pass), NCCL between GPUs, gloo on CPUs. Replicas are started by
 `towerflow launch` (or torchrun) and find each other through torchrun's variables.
 
+With `towers="threads"` (the default for several CPU devices in one process with no launcher),
+the devices are towers of this one process instead, averaging in memory: `strategies/towers.py`.
+
 With `variables_on="cpu"` (seed 003's layout) there is no DDP: gradients come down to the
 host CPU, are averaged there with one all-reduce over a gloo group, the optimizer runs on
 the CPU copies, and the new values go back to the device.
@@ -25,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from towerflow.cluster import failures as _failures
 from towerflow.cluster import replica_rendezvous
 from towerflow.errors import StrategyError
+from towerflow.strategies import towers as _towers
 from towerflow.strategies._devices import replica_device
 from towerflow.strategies.base import Strategy
 from towerflow.strategies.replica_env import ReplicaEnv, read_env
@@ -33,7 +37,15 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.
 
 
 class MirroredStrategy(Strategy):
-    """One replica per local device (GPUs, or logical CPU devices), all-reduce between them."""
+    """One replica per local device (GPUs, or logical CPU devices), all-reduce between them.
+
+    `towers`: "processes" (one replica process per device, started by `towerflow launch`),
+    "threads" (the CPU devices as towers of this one process), or None: threads when this process
+    is not one of a launcher's replicas and has several CPU devices (`devices`, else the logical
+    CPU devices), else processes. `threads_per_tower`: torch threads of each tower (default: the
+    host's cores split among the towers, also the count of this thread, which runs tower 0 and the
+    optimizer step; OMP_NUM_THREADS set leaves them alone).
+    """
 
     name = "mirrored"
 
@@ -46,8 +58,25 @@ class MirroredStrategy(Strategy):
         timeout_s: float = 300.0,
         bucket_cap_mb: float = 25.0,
         find_unused_parameters: bool = False,
+        towers: Optional[str] = None,
+        threads_per_tower: Optional[int] = None,
     ):
         env = self._read_env()
+        self.towers = _towers.towers_mode(towers, env, devices)
+        self.tower_devices: Sequence[str] = ()
+        self._tower_pool: Optional[_towers.TowerPool] = None
+        if self.towers == "threads":
+            self.tower_devices = _towers.tower_devices(devices)
+            n = len(self.tower_devices)
+            super().__init__(torch.device("cpu"), self.tower_devices[0], n, 0, variables_on, mixed_precision)
+            self.towers_per_process = n
+            self.env, self.backend, self._owns_group, self._heartbeat = env, None, False, None
+            if threads_per_tower is None and not env.threads_set_by_user:
+                threads_per_tower = _towers.default_threads_per_tower(n)
+            if threads_per_tower is not None:
+                torch.set_num_threads(threads_per_tower)  # this thread runs tower 0 (and the optimizer step)
+            self._threads_per_tower = threads_per_tower
+            return
         device, device_name = self._pick_device(env, devices)
         super().__init__(device, device_name, env.world_size, env.rank, variables_on, mixed_precision)
         self.env = env
@@ -75,6 +104,12 @@ class MirroredStrategy(Strategy):
                 f"`towerflow launch --nproc {torch.cuda.device_count()} script.py` (or torchrun)",
                 stacklevel=2,
             )
+
+    def __repr__(self) -> str:
+        if self.towers != "threads":
+            return super().__repr__()
+        return (f"{type(self).__name__}({len(self.tower_devices)} towers in one process on "
+                f"{', '.join(self.tower_devices)}, variables_on={self.variables_on!r})")
 
     # ---- construction
     def _read_env(self) -> ReplicaEnv:
@@ -127,6 +162,10 @@ class MirroredStrategy(Strategy):
 
     # ---- model
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.towers == "threads":
+            if self._tower_pool is None:
+                self._tower_pool = _towers.TowerPool(len(self.tower_devices), self._threads_per_tower)
+            return _towers.TowerModule(model, self._tower_pool)
         if not self.env.is_distributed:
             return model
         if self.variables_on == "cpu":
@@ -177,6 +216,9 @@ class MirroredStrategy(Strategy):
             dist.barrier(**({"device_ids": [self.device.index]} if self.backend == "nccl" else {}))
 
     def shutdown(self) -> None:
+        if self._tower_pool is not None:
+            self._tower_pool.close()
+            self._tower_pool = None
         if self._heartbeat is not None:
             self._heartbeat.finish()
         if self._owns_group and dist.is_initialized():
