@@ -72,13 +72,15 @@ class PSRecorder:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def record(self, **extra) -> None:
+    def record(self, final: bool = False) -> None:
+        """One record per model; the final one carries the totals but no rates (the idle tail after training)."""
         self._seen.update(self.services())
         for model, service in list(self._seen.items()):
             m = service.metrics()
             fields = summary(m)
-            fields.update(self._rates(model, fields))
-            self.writer.write(m["global_step"], model=model, **fields, **extra)
+            if not final:
+                fields.update(self._rates(model, fields))
+            self.writer.write(m["global_step"], model=model, **fields)
 
     def start(self) -> "PSRecorder":
         self.writer.write(0, event=EVENT_START, restarts=taskenv.current().restart_count)
@@ -96,7 +98,7 @@ class PSRecorder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval + 1)
-        self.record()
+        self.record(final=True)
         step = max((s.metrics()["global_step"] for s in self._seen.values()), default=0)
         self.writer.write(step, event=EVENT_END)
         self.writer.close()
