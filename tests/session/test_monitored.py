@@ -1,3 +1,4 @@
+import os
 import pytest
 import torch
 import torch.nn as nn
