@@ -29,18 +29,18 @@ def test_reader_skips_the_torn_last_line(logdir):
 def test_top_rows_show_the_newest_values_per_task(logdir):
     rows = {r[0]: r for r in top.rows(read_metrics(str(logdir)), now=1010.0)}
     assert list(rows) == ["ps:0", "worker:0", "worker:1"]
-    # task, role, device, step, steps/s, loss, staleness, pushed, pulled, rows, mem, age
-    assert rows["worker:0"] == ["worker:0", "chief", "/device:CPU:0", "30", "11.0", "0.5000", "0.2 (max 1)",
+    # task, role, state, device, step, steps/s, loss, staleness, pushed, pulled, rows, mem, age
+    assert rows["worker:0"] == ["worker:0", "chief", "running", "CPU:0", "30", "11.0", "0.5000", "0.2 (max 1)",
                                 "2.0 MB", "4.0 MB", "-", "512", "6s"]
-    assert rows["worker:1"][3:7] == ["24", "9.0", "1.5000", "1.3 (max 2)"]
-    assert rows["ps:0"][4:7] == ["-", "-", "-"]
+    assert rows["worker:1"][4:8] == ["24", "9.0", "1.5000", "1.3 (max 2)"]
+    assert rows["ps:0"][5:8] == ["-", "-", "-"]
 
 
 def test_top_renders_a_table_with_a_header(logdir):
     text = top.render(read_metrics(str(logdir)), str(logdir), now=1010.0)
     lines = text.splitlines()
-    assert "3 tasks, 7 records" in lines[0]
-    assert lines[1].split() == ["task", "role", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "rows", "(+in",
+    assert "3 tasks, 7 records" in lines[0] and "run running" in lines[0]
+    assert lines[1].split() == ["task", "role", "state", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "rows", "(+in",
                                  "-out)", "mem", "MiB", "age"]
 
 
@@ -55,12 +55,12 @@ def test_report_summary_and_staleness_are_exact(logdir):
 def test_report_writes_pngs_and_markdown(logdir):
     written = report.write_report(str(logdir))
     names = sorted(pathlib.Path(p).name for p in written)
-    assert names == ["loss_vs_step.png", "loss_vs_time.png", "report.md", "staleness.png", "throughput.png"]
+    assert names == ["dashboard.png", "loss_vs_step.png", "loss_vs_time.png", "report.md", "staleness.png", "throughput.png"]
     for path in written:
         if path.endswith(".png"):
             assert pathlib.Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (logdir / "report" / "report.md").read_text()
-    assert "| worker:0 | 30 | 0.5000 | 0.5000 | 11.00 |" in md
+    assert "| worker:0 | silent | 30 | 0.5000 | 0.5000 | 11.00 |" in md  # no events, records long ago
     assert "Staleness histogram (pushes per staleness): 0: 21, 1: 8, 2: 11" in md
 
 
@@ -87,4 +87,4 @@ def test_a_ps_record_shows_its_update_rate_and_table_rows(tmp_path):
     with MetricsWriter(str(tmp_path), "ps:0") as w:
         w.write(40, **summary(service_metrics))
     row = top.rows(read_metrics(str(tmp_path)), now=time.time())[0]
-    assert row[:5] == ["ps:0", "ps", "-", "40", "12.5"] and row[7:10] == ["150 B", "10 B", "1,205 (+1,300 -100)"]
+    assert row[:6] == ["ps:0", "ps", "running", "-", "40", "12.5"] and row[8:11] == ["150 B", "10 B", "1,205 (+1,300 -100)"]

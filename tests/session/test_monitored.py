@@ -1,3 +1,4 @@
+import os
 import pytest
 import torch
 import torch.nn as nn
@@ -94,12 +95,13 @@ def test_metrics_records_and_checkpoint_events(tmp_path):
     _train(str(tmp_path), 10, save_checkpoint_steps=5)
     records = read_metrics(str(tmp_path))
     steps = [r["step"] for r in records if "loss" in r]
-    assert steps == [5, 10]
+    assert steps == [2, 4, 6, 8, 10]  # MetricsHook's windows: every 2 steps at first (FlushRule)
     assert all(r["task"] == "localhost:0" and r["role"] == "chief" and r["steps_per_sec"] > 0 for r in records if "loss" in r)
     expected = "/device:GPU:0" if torch.cuda.is_available() else "/device:CPU:0"
     assert {r["device"] for r in records} == {expected}
-    assert [r["event"] for r in records if "event" in r] == ["checkpoint ckpt-0000000000.pt", "checkpoint ckpt-0000000005.pt",
-                                                                 "checkpoint ckpt-0000000010.pt"]
+    assert [r["event"] for r in records if "event" in r] == ["start", "checkpoint ckpt-0000000000.pt",
+                                                             "checkpoint ckpt-0000000005.pt", "checkpoint ckpt-0000000010.pt",
+                                                             "end"]
 
 
 def test_worker_zero_is_chief_without_a_chief_job(monkeypatch):
@@ -122,10 +124,10 @@ def test_summaries_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch)
     written = []
 
     class FakeWriter:
-        def __init__(self, logdir):
+        def __init__(self, logdir, **options):
             written.append(("open", logdir))
 
-        def add_scalar(self, tag, value, step):
+        def add_scalar(self, tag, value, step, walltime=None):
             written.append((tag, step))
 
         def close(self):
@@ -135,8 +137,9 @@ def test_summaries_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch)
     fake.SummaryWriter = FakeWriter
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
     _train(str(tmp_path), 10, save_summaries_steps=5)
-    assert written[0] == ("open", str(tmp_path))
-    assert [w for w in written if w[0] == "loss"] == [("loss", 5), ("loss", 10)]
+    # the metrics records' numbers, one TensorBoard run per task (monitoring/tensorboard.py)
+    assert written[0] == ("open", os.path.join(str(tmp_path), "tensorboard", "localhost_0"))
+    assert [w for w in written if w[0] == "loss"] == [("loss", s) for s in (2, 4, 6, 8, 10)]
     assert ("steps_per_sec", 10) in written and written[-1] == ("close",)
 
 

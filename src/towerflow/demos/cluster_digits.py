@@ -3,14 +3,14 @@
 `towerflow demo` launches it as 1 ps + 2 workers (async parameter-server training) on
 scikit-learn's digits, which ship with the package: no download. The ps task serves the
 variables; the workers train under a MonitoredTrainingSession; the chief prints the device
-mapping and a few placement-log lines, evaluates, checkpoints, and draws the report.
+mapping and a few placement-log lines, evaluates and checkpoints; `towerflow demo` draws the
+report once every task has ended (cli/demo.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 
@@ -21,8 +21,8 @@ from torch import nn
 import towerflow
 from towerflow import taskenv as _taskenv
 from towerflow.data import load_mnist_or_digits
-from towerflow.monitoring.report import write_report
 from towerflow.session import LoggingHook, MonitoredTrainingSession
+from towerflow.training import save_metrics
 
 
 def build_model() -> nn.Module:
@@ -90,11 +90,7 @@ def main(argv=None) -> int:
     if strategy.is_chief:
         print(f"trained to global step {strategy.global_step} in {time.perf_counter() - started:.1f} s", flush=True)
         print(f"test accuracy: {accuracy:.4f}", flush=True)
-        plots = write_report(args.logdir)
-        checkpoints = session.checkpoints.checkpoints() if session.checkpoints else []
-        print(f"checkpoint: {checkpoints[-1].path if checkpoints else '-'}")
-        print(f"metrics:    {os.path.join(args.logdir, 'metrics.jsonl')}")
-        print(f"plots:      {', '.join(p for p in plots)}", flush=True)
+        save_metrics(args.logdir, {"accuracy": accuracy, "global_step": strategy.global_step, "mode": "async"})
     strategy.shutdown()
     return 0
 

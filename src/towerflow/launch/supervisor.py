@@ -24,6 +24,7 @@ import time
 from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from towerflow.launch import environment as _env
+from towerflow.launch import runlog as _runlog
 from towerflow.launch import verdict as _verdict
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
@@ -72,6 +73,7 @@ class _Running:
         self.spec = spec
         self.restarts = restarts
         self.stopped = False  # the launcher stopped it
+        self.logged = False  # its exit is in the run log (runlog.py)
         self.held: Deque[tuple] = collections.deque()  # (when, line): transport warnings not printed yet
         self.dropped = 0
         self._failing = failing
@@ -159,6 +161,7 @@ class Supervisor:
         self._running: List[_Running] = []
         self._reports = ""  # a folder for the tasks' failure reports, for the length of run()
         self._failed = False  # a task process failed (it may have been restarted since)
+        self._log = _runlog.RunLog.for_tasks([t.env for t in self.tasks])  # the run's state for `towerflow top`
 
     def _say(self, text: str) -> None:
         with self._lock:
@@ -174,21 +177,32 @@ class Supervisor:
             # script (which starts it with SIGINT ignored)
             signal.signal(signal.SIGINT, _raise_interrupt)
         self._reports = tempfile.mkdtemp(prefix="towerflow-launch-")
+        code = 130
         try:
+            self._log.run_start([_runlog.task_name(t.job, t.index) for t in self.tasks])
             self._running = [self._start(t, 0) for t in self.tasks]
             if self.max_restarts:  # restartable tasks: say which process is which (to watch them, or to test a kill)
                 self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
-            return self._watch()
+            code = self._watch()
+            return code
         except KeyboardInterrupt:
             self._say("interrupted; stopping every task")
             self.stop_all()
             return 130
         finally:
             self.stop_all()
+            self._log_exits()
+            self._log.run_end(code)
             shutil.rmtree(self._reports, ignore_errors=True)
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous[0])
                 signal.signal(signal.SIGINT, previous[1])
+
+    def _log_exits(self, only: Sequence[_Running] = ()) -> None:
+        for r in only or self._running:
+            if not r.logged:
+                r.logged = True
+                self._log.task_exit(_runlog.task_name(r.spec.job, r.spec.index), r.proc.poll(), r.restarts, r.stopped)
 
     def _start(self, spec: TaskProcessSpec, restarts: int) -> _Running:
         return _Running(spec, restarts, self.out, self.err, self._lock, self.max_restarts, self._reports, self._failing)
@@ -216,6 +230,7 @@ class Supervisor:
             for i in failed:
                 r, code = self._running[i], codes[i]
                 self._failed = True
+                self._log_exits([r])
                 r.finish_output()
                 if r.restarts >= self.max_restarts:
                     return self._fail(r)

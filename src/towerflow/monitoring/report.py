@@ -1,36 +1,59 @@
-"""`towerflow report LOGDIR`: PNG plots and a markdown summary of a job from `metrics.jsonl`."""
+"""`towerflow report LOGDIR`: PNG plots, a dashboard and a markdown summary of a job from `metrics.jsonl`.
+
+`panels(records)` turns the records into the plots' data (`plots.Panel`: loss against step and
+against time, test accuracy where recorded, throughput per task, staleness, the ps's held and
+dropped gradients, table rows); `write_report` draws each non-empty panel to its own PNG and all
+of them to `dashboard.png`, and writes `report.md` with the run's summary (tasks and their
+states, mode, steps, final accuracy, wall time, failures and restarts) and the images.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import defaultdict
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+from towerflow import _files
 from towerflow._io import atomic_write
 from towerflow.monitoring.metrics import read_metrics
+from towerflow.monitoring.plots import Panel, plot_curves, save_dashboard, save_panel  # noqa: F401 (plot_curves: benchmarks)
+from towerflow.monitoring.runstate import LAUNCHER, run_state
 
-PLOTS = ("loss_vs_step.png", "loss_vs_time.png", "throughput.png", "staleness.png")
+DASHBOARD = "dashboard.png"
+REPORT = "report.md"
 
 
-def _series(records: List[Dict[str, Any]], field: str) -> Dict[str, List[tuple]]:
-    """Per task: (step, wall seconds since the job's first record, value) for records with `field`."""
+def _task_records(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The tasks' own records (not the launcher's)."""
+    return [r for r in records if r["task"] != LAUNCHER and r.get("role") != LAUNCHER]
+
+
+def _series(records: List[Dict[str, Any]], field: str, roles=None) -> Dict[str, List[tuple]]:
+    """Per task: (step, wall seconds since the job's first record, value) for records with a number in `field`."""
     start = min(r["time"] for r in records)
     series: Dict[str, List[tuple]] = defaultdict(list)
     for r in records:
-        if field in r:
-            series[r["task"]].append((r["step"], r["time"] - start, r[field]))
-    return series
+        value = r.get(field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (roles is None or r.get("role") in roles):
+            series[r["task"]].append((r["step"], r["time"] - start, value))
+    return dict(series)
 
 
 def staleness_histogram(records: List[Dict[str, Any]]) -> Dict[int, int]:
     """All tasks' staleness histograms added up ({staleness: pushes}).
 
-    A task's `staleness` is cumulative since it started, so its newest record counts.
+    A task's `staleness` is cumulative since it started, so its newest record counts. The ps
+    tasks see every push, so with ps records only theirs count (workers would count each push twice).
     """
     newest: Dict[str, Dict[str, int]] = {}
+    roles: Dict[str, Any] = {}
     for r in records:
         if isinstance(r.get("staleness"), dict):
             newest[r["task"]] = r["staleness"]
+            roles[r["task"]] = r.get("role")
+    if any(role == "ps" for role in roles.values()):
+        newest = {t: h for t, h in newest.items() if roles[t] == "ps"}
     total: Dict[int, int] = defaultdict(int)
     for histogram in newest.values():
         for k, count in histogram.items():
@@ -41,6 +64,7 @@ def staleness_histogram(records: List[Dict[str, Any]]) -> Dict[int, int]:
 def summary(records: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     """Per task: last step, final loss, best loss, median steps/s."""
     out: Dict[str, Dict[str, Any]] = {}
+    records = _task_records(records)
     for task in sorted({r["task"] for r in records}):
         mine = [r for r in records if r["task"] == task]
         losses = [r["loss"] for r in mine if "loss" in r]
@@ -54,86 +78,104 @@ def summary(records: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def plot_curves(path: str, title: str, xlabel: str, ylabel: str, curves: Dict[str, List[tuple]],
-                smooth: int = 1, log_y: bool = False) -> None:
-    """One PNG with a line per label from (x, y) points, written atomically.
-
-    `smooth=k` draws the running mean of k points (noisy per-step losses). Benchmarks use this
-    too, so every plot in docs/ comes out of the same code as `towerflow report`.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, points in curves.items():
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        if smooth > 1 and len(ys) >= smooth:
-            ys = [sum(ys[i - smooth + 1 : i + 1]) / smooth for i in range(smooth - 1, len(ys))]
-            xs = xs[smooth - 1 :]
-        ax.plot(xs, ys, label=label, marker="." if len(points) < 30 else None)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    if log_y:
-        ax.set_yscale("log")
-    if curves:
-        ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
-
-
-def _plot(path: str, title: str, xlabel: str, ylabel: str, series: Dict[str, List[tuple]], x: int) -> None:
-    curves = {task: [(p[x], p[2]) for p in points] for task, points in sorted(series.items())}
-    plot_curves(path, title, xlabel, ylabel, curves)
+def panels(records: List[Dict[str, Any]]) -> List[Panel]:
+    """The report's plots as data, in dashboard order; panels with nothing recorded are left out."""
+    records = _task_records(records)
+    loss = _series(records, "loss")
+    out = [
+        Panel("loss_vs_step", "Training loss against step", "global step", "loss (mean of each window)",
+              {t: [(p[0], p[2]) for p in s] for t, s in sorted(loss.items())}),
+        Panel("loss_vs_time", "Training loss against wall time", "seconds since start", "loss",
+              {t: [(p[1], p[2]) for p in s] for t, s in sorted(loss.items())}),
+        Panel("accuracy", "Test accuracy", "global step", "accuracy",
+              {t: [(p[0], p[2]) for p in s] for t, s in sorted(_series(records, "accuracy").items())}, smooth=False),
+    ]
+    throughput: Dict[str, List[tuple]] = {}
+    for field, what in (("steps_per_sec", "steps/s"), ("pushes_per_sec", "pushes/s"), ("pulls_per_sec", "pulls/s")):
+        for task, s in sorted(_series(records, field).items()):
+            throughput[f"{task} {what}"] = [(p[1], p[2]) for p in s]
+    out.append(Panel("throughput", "Throughput per task", "seconds since start", "per second", throughput, log_y=False))
+    histogram = staleness_histogram(records)
+    out.append(Panel("staleness", "Gradient staleness (pushes per staleness)", "staleness (steps behind the ps)", "pushes",
+                     bars={k: v for k, v in histogram.items()}))
+    gradients: Dict[str, List[tuple]] = {}
+    for field, what in (("held", "held"), ("dropped_stale", "dropped (total)")):
+        for task, s in sorted(_series(records, field, roles=("ps",)).items()):
+            if any(p[2] for p in s):
+                gradients[f"{task} {what}"] = [(p[0], p[2]) for p in s]
+    out.append(Panel("ps_gradients", "ps: gradients held (sync) and dropped (stale)", "global step", "gradients",
+                     gradients, smooth=False, log_y=False))
+    rows = {f"{t} rows": [(p[0], p[2]) for p in s] for t, s in sorted(_series(records, "rows", roles=("ps",)).items())}
+    out.append(Panel("table_rows", "ps: embedding table rows", "global step", "rows", rows, smooth=False, log_y=False))
+    return [p for p in out if not p.is_empty]
 
 
-def _histogram(path: str, histogram: Dict[int, int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(list(histogram), list(histogram.values()))
-    ax.set(title="Gradient staleness (all tasks)", xlabel="staleness (steps behind the ps)", ylabel="pushes")
-    fig.tight_layout()
-    with atomic_write(path) as f:
-        fig.savefig(f, format="png", dpi=110)
-    plt.close(fig)
+def _results(logdir: str) -> Dict[str, Any]:
+    """The run's final numbers (`metrics.json`, `towerflow.training.save_metrics`), when the script wrote them."""
+    path = os.path.join(logdir, _files.RESULTS_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def write_report(logdir: str, out_dir: str = None) -> List[str]:
-    """Write the plots and `report.md` into `out_dir` (default LOGDIR/report); returns the files written."""
+def run_summary(records: List[Dict[str, Any]], results: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Tasks and their states, mode, steps, final accuracy, wall time, failures and restarts."""
+    results = results or {}
+    state = run_state(records)
+    mine = _task_records(records)
+    mode = results.get("mode") or next((r["mode"] for r in reversed(mine) if isinstance(r.get("mode"), str)), None)
+    accuracy = results.get("accuracy")
+    if accuracy is None:
+        accuracy = next((r["accuracy"] for r in reversed(mine) if "accuracy" in r), None)
+    return {
+        "state": state.state, "line": state.describe(), "tasks": {t: s.describe() for t, s in sorted(state.tasks.items())},
+        "errors": {t: s.error for t, s in state.tasks.items() if s.error},
+        "mode": mode, "global_step": max((r["step"] for r in mine), default=0), "accuracy": accuracy,
+        "wall_s": state.wall_s, "failures": state.failures, "restarts": state.restarts,
+    }
+
+
+def _markdown(logdir: str, records, run: Dict[str, Any], images: List[str]) -> str:
+    fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+    lines = [f"# Report for `{logdir}`", "", f"**Run {run['line']}.**", ""]
+    lines += ["| | |", "| --- | --- |", f"| tasks | {len(run['tasks'])} |", f"| mode | {run['mode'] or '-'} |",
+              f"| global step | {run['global_step']} |", f"| final test accuracy | {fmt(run['accuracy'], '.4f')} |",
+              f"| wall time | {run['wall_s']:.1f} s |", f"| failures | {run['failures']} |", f"| restarts | {run['restarts']} |",
+              ""]
+    lines += ["| task | state | last step | final loss | best loss | median steps/s |", "| --- | --- | --- | --- | --- | --- |"]
+    for task, s in summary(records).items():
+        lines.append(f"| {task} | {run['tasks'].get(task, '-')} | {s['last_step']} | {fmt(s['final_loss'], '.4f')} | "
+                     f"{fmt(s['best_loss'], '.4f')} | {fmt(s['median_steps_per_sec'], '.2f')} |")
+    for task, error in sorted(run["errors"].items()):
+        lines.append(f"\n{task} failed: `{error}`")
+    histogram = staleness_histogram(records)
+    if histogram:
+        lines += ["", "Staleness histogram (pushes per staleness): " + ", ".join(f"{k}: {v}" for k, v in histogram.items())]
+    lines += [""] + [f"![{name}]({name})" for name in images]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(logdir: str, out_dir: Optional[str] = None) -> List[str]:
+    """Write the PNGs, `dashboard.png` and `report.md` into `out_dir` (default LOGDIR/report); returns the files written."""
+    if not os.path.isdir(logdir):
+        raise FileNotFoundError(f"{logdir!r} is not a folder; expected the --logdir of a job (it holds "
+                                f"{_files.METRICS_FILE}). Check the path, or run a job with --logdir {logdir}")
     records = read_metrics(logdir)
-    if not records:
+    if not _task_records(records):
         raise ValueError(f"{logdir!r} has no metrics records; run a job with --logdir {logdir} first")
     out_dir = out_dir or os.path.join(logdir, "report")
     os.makedirs(out_dir, exist_ok=True)
-    written = []
-    loss = _series(records, "loss")
-    _plot(os.path.join(out_dir, PLOTS[0]), "Loss against step", "global step", "loss", loss, x=0)
-    _plot(os.path.join(out_dir, PLOTS[1]), "Loss against wall time", "seconds since start", "loss", loss, x=1)
-    _plot(os.path.join(out_dir, PLOTS[2]), "Throughput per task", "global step", "steps/s", _series(records, "steps_per_sec"), x=0)
-    written += [os.path.join(out_dir, p) for p in PLOTS[:3]]
-    histogram = staleness_histogram(records)
-    if histogram:
-        _histogram(os.path.join(out_dir, PLOTS[3]), histogram)
-        written.append(os.path.join(out_dir, PLOTS[3]))
-    lines = [f"# Report for `{logdir}`", "", f"{len(records)} records from {len({r['task'] for r in records})} tasks.", ""]
-    lines += ["| task | last step | final loss | best loss | median steps/s |", "| --- | --- | --- | --- | --- |"]
-    fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
-    for task, s in summary(records).items():
-        lines.append(
-            f"| {task} | {s['last_step']} | {fmt(s['final_loss'], '.4f')} | {fmt(s['best_loss'], '.4f')} | "
-            f"{fmt(s['median_steps_per_sec'], '.2f')} |"
-        )
-    if histogram:
-        lines += ["", "Staleness histogram (pushes per staleness): " + ", ".join(f"{k}: {v}" for k, v in histogram.items())]
-    lines += [""] + [f"![{p}]({p})" for p in (os.path.basename(w) for w in written)]
-    report = os.path.join(out_dir, "report.md")
+    run = run_summary(records, _results(logdir))
+    drawn = panels(records)
+    images = [DASHBOARD] + [f"{p.name}.png" for p in drawn]
+    title = f"{logdir}: {run['line']}" + (f", test accuracy {run['accuracy']:.4f}" if run["accuracy"] is not None else "")
+    save_dashboard(os.path.join(out_dir, DASHBOARD), drawn, title)
+    for panel in drawn:
+        save_panel(os.path.join(out_dir, f"{panel.name}.png"), panel)
+    report = os.path.join(out_dir, REPORT)
     with atomic_write(report, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return written + [report]
+        f.write(_markdown(logdir, records, run, images))
+    return [os.path.join(out_dir, name) for name in images] + [report]

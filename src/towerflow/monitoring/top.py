@@ -1,6 +1,9 @@
 """`towerflow top LOGDIR`: one row per task from `metrics.jsonl`, refreshed in place.
 
-It reads only the file, so it needs no access to the cluster and works after the job ended.
+It reads only the file, so it needs no access to the cluster and works after the job ended:
+over a finished or failed run it prints that run's summary once and exits. The first line says
+whether the run is running, finished or failed; each task's row says whether it is running,
+finished, failed or stopped, and how often it was restarted. `q` quits the live view.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from typing import Any, Dict, List, Optional, TextIO
 
 from towerflow.monitoring import _screen
 from towerflow.monitoring.metrics import read_metrics
+from towerflow.monitoring.runstate import LAUNCHER, RunState, run_state
 
-COLUMNS = ("task", "role", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "rows (+in -out)",
-           "mem MiB", "age")
+COLUMNS = ("task", "role", "state", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled",
+           "rows (+in -out)", "mem MiB", "age")
+_LEFT = 4  # the first columns are text (left-aligned), the others numbers
 
 
 def _rows(r: Dict[str, Any]) -> str:
@@ -23,9 +28,15 @@ def _rows(r: Dict[str, Any]) -> str:
     return f"{r['rows']:,} (+{r.get('admitted', 0):,} -{r.get('evicted', 0):,})"
 
 
+def _device(r: Dict[str, Any]) -> str:
+    """`CPU:0` for `/job:worker/replica:0/task:0/device:CPU:0`: the task is in its own column."""
+    device = str(r.get("device", "-"))
+    return device.rsplit("device:", 1)[-1]
+
+
 def _rate(r: Dict[str, Any]) -> str:
-    """Steps/s of a worker; updates/s of a ps task."""
-    for key in ("steps_per_sec", "updates_per_sec"):
+    """Steps/s of a worker; pushes/s (else updates/s) of a ps task."""
+    for key in ("steps_per_sec", "pushes_per_sec", "updates_per_sec"):
         if key in r:
             return f"{r[key]:.1f}"
     return "-"
@@ -57,19 +68,25 @@ def latest_by_task(records: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     """The newest values per task: later records override earlier ones field by field."""
     tasks: Dict[str, Dict[str, Any]] = {}
     for record in records:
+        if record["task"] == LAUNCHER or record.get("role") == LAUNCHER:
+            continue
         merged = tasks.setdefault(record["task"], {})
         merged.update({k: v for k, v in record.items() if k != "event"})
     return tasks
 
 
-def rows(records: List[Dict[str, Any]], now: Optional[float] = None) -> List[List[str]]:
+def rows(records: List[Dict[str, Any]], now: Optional[float] = None, state: Optional[RunState] = None) -> List[List[str]]:
     now = time.time() if now is None else now
+    if state is None and records:
+        state = run_state(records, now)
     out = []
     for task, r in sorted(latest_by_task(records).items()):
+        task_state = state.tasks.get(task) if state is not None else None
         out.append([
             task,
             str(r.get("role", "-")),
-            str(r.get("device", "-")),
+            task_state.describe() if task_state is not None else "-",
+            _device(r),
             str(r.get("step", "-")),
             _rate(r),
             f"{r['loss']:.4f}" if "loss" in r else "-",
@@ -83,16 +100,34 @@ def rows(records: List[Dict[str, Any]], now: Optional[float] = None) -> List[Lis
     return out
 
 
-def render(records: List[Dict[str, Any]], logdir: str, now: Optional[float] = None) -> str:
-    table = [list(COLUMNS)] + rows(records, now)
+def render(records: List[Dict[str, Any]], logdir: str, now: Optional[float] = None, live: bool = False) -> str:
+    now = time.time() if now is None else now
+    state = run_state(records, now) if records else None
+    table = [list(COLUMNS)] + rows(records, now, state)
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-    lines = [f"towerflow top — {logdir} — {len(table) - 1} tasks, {len(records)} records"]
+    run_line = state.describe(now) if state is not None else "no records yet"
+    lines = [f"towerflow top — {logdir} — run {run_line} — {len(table) - 1} tasks, {len(records)} records"]
     for i, row in enumerate(table):
-        lines.append("  ".join(cell.ljust(w) if j < 3 else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
+        lines.append("  ".join(cell.ljust(w) if j < _LEFT else cell.rjust(w) for j, (cell, w) in enumerate(zip(row, widths))))
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if state is not None:
+        lines += [f"{t}: {s.error}" for t, s in sorted(state.tasks.items()) if s.error]
+    if state is not None and state.is_over:
+        lines.append(f"the run is over: this is its summary (plots: towerflow report {logdir})")
+    elif live:
+        lines.append("q quits")
     return "\n".join(lines)
 
 
-def run(logdir: str, watch: Optional[float] = 2.0, out: TextIO = sys.stdout, max_frames: Optional[int] = None) -> int:
-    return _screen.show(lambda: render(read_metrics(logdir), logdir), out, watch, max_frames)
+def run(logdir: str, watch: Optional[float] = 2.0, out: TextIO = sys.stdout, max_frames: Optional[int] = None,
+        keys: Optional[_screen.KeyReader] = None) -> int:
+    """Draw the view; live (every `watch` s, until q) while the run goes on, once when it is over."""
+    over = [False]
+
+    def frame() -> str:
+        records = read_metrics(logdir)
+        over[0] = bool(records) and run_state(records).is_over
+        return render(records, logdir, live=bool(watch))
+
+    return _screen.show(frame, out, watch, max_frames, done=lambda: over[0], keys=keys)

@@ -372,6 +372,7 @@ class ShardService:
             bytes_pulled_by_worker=dict(self.bytes_out),
             updates_per_s=out["applied_updates"] / elapsed,
             rejoins_by_worker=dict(self.rejoins),
+            pulls=self._next_key,  # pull requests so far (answered or waiting)
             shards=[s.name for s in self.shards],
         )
         if self.tables:

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from towerflow.errors import TowerflowError
+from towerflow.monitoring.accumulator import FlushRule, StepAccumulator
 
 if TYPE_CHECKING:
     from towerflow.session.monitored import MonitoredTrainingSession
@@ -77,9 +78,37 @@ class NanGuardHook(SessionHook):
             session.request_stop()
 
 
+class MetricsHook(SessionHook):
+    """Every task: the steps' losses summed cheaply, one metrics record per window (`FlushRule`:
+    every 2 steps at first, spacing growing with the run, at least every 10 s) with the window's
+    mean loss, steps/s and the strategy's counters (staleness, bytes moved); the last window at the end."""
+
+    def __init__(self, rule: FlushRule = FlushRule()):
+        self.rule = rule
+        self.window: Optional[StepAccumulator] = None
+
+    def after_create_session(self, session) -> None:
+        self.window = StepAccumulator(self.rule)
+
+    def after_step(self, session, loss) -> None:
+        self.window.add(loss)
+        if self.window.is_due(session.local_steps):
+            self._write(session)
+
+    def end(self, session) -> None:
+        if self.window is not None and self.window.pending:
+            self._write(session)
+
+    def _write(self, session) -> None:
+        fields = self.window.flush()
+        session.last_steps_per_sec = fields.get("steps_per_sec", session.last_steps_per_sec)
+        if session.metrics is not None:
+            session.metrics.write(session.global_step, local_step=session.local_steps, **fields, **session.extra_metrics())
+
+
 class LoggingHook(SessionHook):
-    """Every `every_n_steps`: a metrics record (every task) and a line with step, loss and steps/s
-    (on the chief, or on every task with `all_tasks=True` — the launcher prefixes each task's lines)."""
+    """Every `every_n_steps`: a line with step, loss and steps/s (on the chief, or on every task with
+    `all_tasks=True` — the launcher prefixes each task's lines). The metrics records are MetricsHook's."""
 
     def __init__(self, every_n_steps: int = 100, stream=None, all_tasks: bool = False):
         self.every_n_steps = max(1, every_n_steps)
@@ -110,8 +139,6 @@ class LoggingHook(SessionHook):
         self._last_time, self._last_step = now, local
         step = session.global_step
         session.last_steps_per_sec = rate
-        if session.metrics is not None:
-            session.metrics.write(step, loss=loss, steps_per_sec=round(rate, 3), **session.extra_metrics())
         if session.is_chief or self.all_tasks:
             loss_text = f"{loss:.4f}" if loss is not None else "-"
             print(f"step {step}  loss {loss_text}  {rate:.1f} steps/s", file=self.stream or sys.stdout, flush=True)
@@ -153,7 +180,10 @@ class CheckpointHook(SessionHook):
 
 
 class SummaryHook(SessionHook):
-    """Loss and steps/s to TensorBoard every `every_n_steps`, when tensorboard is installed (chief)."""
+    """Loss and steps/s to TensorBoard every `every_n_steps`, when tensorboard is installed (chief).
+
+    MonitoredTrainingSession no longer adds it: with a logdir every task's metrics records go to
+    TensorBoard as well (monitoring/tensorboard.py). Kept for scripts that add it themselves."""
 
     runs_on = "chief"
 

@@ -18,9 +18,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 
 from towerflow import taskenv as _taskenv
-from towerflow.monitoring.metrics import MetricsWriter
+from towerflow.monitoring.accumulator import FlushRule
+from towerflow.monitoring.metrics import EVENT_END, EVENT_FAILED, EVENT_START, MetricsWriter
 from towerflow.session.checkpoint import CheckpointManager, RestoredState
-from towerflow.session.hooks import CheckpointHook, LoggingHook, NanGuardHook, ProgressHook, SessionHook, SummaryHook
+from towerflow.session.hooks import CheckpointHook, LoggingHook, MetricsHook, NanGuardHook, ProgressHook, SessionHook
 
 
 def default_is_chief() -> bool:
@@ -45,6 +46,7 @@ class MonitoredTrainingSession:
         keep_checkpoints: int = 5,
         log_step_count_steps: int = 100,
         save_summaries_steps: int = 100,
+        metrics_flush: Optional[FlushRule] = FlushRule(),
         nan_guard: bool = True,
         progress: bool = True,
         data_state: Optional[Callable[[], Any]] = None,
@@ -73,8 +75,9 @@ class MonitoredTrainingSession:
             hooks.append(LoggingHook(log_step_count_steps))
         if logdir and (save_checkpoint_steps or save_checkpoint_secs):
             hooks.append(CheckpointHook(save_checkpoint_steps, None if save_checkpoint_steps else save_checkpoint_secs))
-        if logdir and save_summaries_steps:
-            hooks.append(SummaryHook(logdir, save_summaries_steps))
+        if logdir and metrics_flush is not None:
+            hooks.append(MetricsHook(metrics_flush))
+        self._tensorboard = bool(save_summaries_steps)  # the metrics records mirrored to LOGDIR/tensorboard
         if progress:
             hooks.append(ProgressHook())
         self.hooks: List[SessionHook] = [h for h in hooks if h.runs_on == "all" or self.is_chief]
@@ -93,7 +96,9 @@ class MonitoredTrainingSession:
     def __enter__(self) -> "MonitoredTrainingSession":
         if self.logdir:
             device = getattr(self.strategy, "device_name", None) or _local_device_name()
-            self.metrics = MetricsWriter(self.logdir, self.task, role="chief" if self.is_chief else "worker", device=device)
+            self.metrics = MetricsWriter(self.logdir, self.task, role="chief" if self.is_chief else "worker", device=device,
+                                         tensorboard=self._tensorboard)
+            self.metrics.write(self.global_step, event=EVENT_START, restarts=_taskenv.current().restart_count)
         for hook in self.hooks:
             hook.begin(self)
         if self.checkpoints is not None:
@@ -178,6 +183,11 @@ class MonitoredTrainingSession:
                     hook.end(self)
         finally:
             if self.metrics is not None:
+                if exc_type is None:
+                    self.metrics.write(self.global_step, local_step=self.local_steps, event=EVENT_END)
+                else:
+                    self.metrics.write(self.global_step, local_step=self.local_steps, event=EVENT_FAILED,
+                                       error=f"{exc_type.__name__}: {exc}"[:300])
                 self.metrics.close()
 
 
