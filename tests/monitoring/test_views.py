@@ -182,3 +182,19 @@ def test_the_demos_closing_lines_are_short_and_say_how_to_look(tmp_path):
         ["report", "runs/demo-1/report/report.md"], ["dashboard", "runs/demo-1/report/dashboard.png"]]
     assert lines[1].endswith(f"towerflow top {logdir}") and lines[2].endswith(f"towerflow report {logdir}")
     assert all(len(line) < 160 for line in lines)
+
+
+def test_a_plain_loop_with_progress_records_its_curve_under_a_logdir(tmp_path):
+    """Scripts without MonitoredTrainingSession (towerflow.Progress in a plain loop) write metrics too."""
+    import towerflow
+    from towerflow.monitoring.metrics import read_metrics
+
+    strategy = towerflow.OneDeviceStrategy("/cpu:0")
+    with towerflow.Progress(strategy, 1000, logdir=str(tmp_path), bar=False, stream=open(os.devnull, "w")) as progress:
+        for step in range(1000):
+            progress.update(1.0 / (step + 1))
+    records = read_metrics(str(tmp_path))
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) >= 100, len(losses)
+    assert losses[0] > losses[-1] > 0
+    assert [r["event"] for r in records if "event" in r] == ["start", "end"]

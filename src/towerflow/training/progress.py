@@ -2,6 +2,9 @@
 
 Only the chief shows anything. Throughput is reported per replica and in total
 (samples/s over the global batch), measured from the second step so start-up does not count.
+With a log folder (`logdir=`, else the launch's `--logdir`) every task also appends its loss
+curve to LOGDIR/metrics.jsonl, as MonitoredTrainingSession does: scripts with a plain loop
+show up in `towerflow top` and `towerflow report` too.
 """
 
 from __future__ import annotations
@@ -10,12 +13,16 @@ import sys
 import time
 from typing import IO, Optional
 
+from towerflow import taskenv as _taskenv
+from towerflow.monitoring.accumulator import StepAccumulator
+from towerflow.monitoring.metrics import EVENT_END, EVENT_START, MetricsWriter
+
 
 class Progress:
     """Call `update(loss)` once per step after the strategy's loader handed out the batch."""
 
     def __init__(self, strategy, total_steps: int, log_every: int = 50, desc: str = "train",
-                 stream: Optional[IO[str]] = None, bar: Optional[bool] = None):
+                 stream: Optional[IO[str]] = None, bar: Optional[bool] = None, logdir: Optional[str] = None):
         self.strategy = strategy
         self.total_steps = total_steps
         self.log_every = max(1, log_every)
@@ -31,6 +38,16 @@ class Progress:
         self.steps = 0
         self.local_samples = self.global_samples = 0
         self._t0: Optional[float] = None
+        here = _taskenv.current()
+        logdir = logdir or here.logdir
+        self.metrics: Optional[MetricsWriter] = None
+        self._window: Optional[StepAccumulator] = None
+        if logdir:
+            self.metrics = MetricsWriter(logdir, f"{here.job_name or 'localhost'}:{here.task_index or 0}",
+                                         role="chief" if strategy.is_chief else "worker",
+                                         device=getattr(strategy, "device_name", None))
+            self.metrics.write(strategy.global_step, event=EVENT_START, restarts=here.restart_count)
+            self._window = StepAccumulator()
 
     @property
     def elapsed(self) -> float:
@@ -53,6 +70,10 @@ class Progress:
         elif batch is not None:
             self.local_samples += len(batch.indices)
             self.global_samples += batch.global_size
+        if self._window is not None:
+            self._window.add(float(loss) if loss is not None else None)
+            if self._window.is_due(self.steps):
+                self._write_window()
         if not self.enabled:
             return
         loss_text = f"{float(loss):.4f}" if loss is not None else "-"
@@ -71,10 +92,19 @@ class Progress:
                 flush=True,
             )
 
+    def _write_window(self) -> None:
+        self.metrics.write(self.strategy.global_step, local_step=self.steps, **self._window.flush())
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if self.metrics is not None:
+            if self._window.pending:
+                self._write_window()
+            self.metrics.write(self.strategy.global_step, event=EVENT_END)
+            self.metrics.close()
+            self.metrics = None
 
     def __enter__(self) -> "Progress":
         return self
