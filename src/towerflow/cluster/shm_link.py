@@ -16,6 +16,7 @@ reader thread, no hand-off: one wake-up per reply); it waits for a slot's reply 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import fcntl
@@ -232,6 +233,8 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
     def loop() -> None:
         try:
             while True:
+                if _wake.r in select.select([request_fd, _wake.r], [], [])[0]:
+                    return  # the process is exiting (`_stop_servers`)
                 frame = _read_frame(request_fd)
                 if frame is None:
                     return
@@ -252,8 +255,28 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
                 except OSError:
                     pass
 
-    threading.Thread(target=loop, name=name, daemon=True).start()
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    _wake.threads.append(thread)
+    thread.start()
     return True
+
+
+class _Wake:
+    """One pipe per process that wakes every serving loop when the process exits: a loop must not be inside a
+    torch call while the interpreter tears torch down (a ps whose script raised was seen to abort so)."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        self.threads: List[threading.Thread] = []
+
+    def stop(self, timeout: float = 2.0) -> None:
+        os.write(self.w, b"x")
+        for thread in self.threads:
+            thread.join(timeout)
+
+
+_wake = _Wake()
+atexit.register(_wake.stop)
 
 
 def same_host(address_a: str, address_b: str) -> bool:
