@@ -39,7 +39,8 @@ class Channel:
         """Steps go over `link` from now on: its request slots become the push buffers (packing writes into them)."""
         self.link = link
         self.buffers = link.requests
-        self._views = [(slot, self._views_of(slot)) for slot in link.replies]
+        if not any(s.is_partitioned for s in self.shards):  # whole variables: install re-points them (on the CPU)
+            self._views = [(slot, self._views_of(slot)) for slot in link.replies]
 
     def _views_of(self, flats: List[torch.Tensor]) -> List[torch.Tensor]:
         by_dtype = dict(zip(self.dtypes, flats))
@@ -89,7 +90,7 @@ class Channel:
         every variable on a GPU, are copied (one foreach copy per call).
         """
         self.ticket = ticket
-        if self.link is not None and device.type == "cpu" and not any(s.is_partitioned for s in self.shards):
+        if self._views and device.type == "cpu":
             for p, view in zip(self.params, self._slot_views(flats)):
                 p.data = view
             return

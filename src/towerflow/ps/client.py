@@ -10,8 +10,9 @@ raises `PSLost`; what to do then is `recovery.py`'s job, not this module's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -32,6 +33,17 @@ class PSLost(Exception):
     def __init__(self, task: int, name: str, error: BaseException):
         super().__init__(f"/job:ps/task:{task} (RPC member {name}) is gone: {error}")
         self.task, self.name, self.error = task, name, error
+
+
+@contextlib.contextmanager
+def _lost_as_pslost(ch: Channel) -> Iterator[None]:
+    """A call, send or wait that failed because the channel's ps task is gone raises PSLost (the rest as is)."""
+    try:
+        yield
+    except RuntimeError as e:
+        if _transport.is_peer_lost(e):
+            raise PSLost(ch.task, ch.to, e) from e
+        raise
 
 
 class PSClient:
@@ -139,12 +151,8 @@ class PSClient:
     # ---- calls
     def call(self, ch: Channel, fn: Callable, *args: Any):
         """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSLost."""
-        try:
+        with _lost_as_pslost(ch):
             return _transport.call_async(ch.to, fn, args=(self.model_name, *args))
-        except RuntimeError as e:
-            if _transport.is_peer_lost(e):
-                raise PSLost(ch.task, ch.to, e) from e
-            raise
 
     def _try_link(self, ch: Channel) -> None:
         """Once per ps incarnation: offer a ps task of this host a shared-memory link for the steps (`linked.py`)."""
@@ -169,25 +177,17 @@ class PSClient:
         """The step's call to one ps task: over its link when it has one, else RPC; a future of `PushPulled`."""
         if ch.link is None or request.rows is not None:
             return self.call(ch, endpoints.push_pull, request)
-        try:
+        with _lost_as_pslost(ch):
             return linked.push_pull(ch.link, slot, request)
-        except RuntimeError as e:
-            if _transport.is_peer_lost(e):
-                raise PSLost(ch.task, ch.to, e) from e
-            raise
 
     def wait(self, ch: Channel, future) -> Any:
         """The call's reply. A ps cut off by the network never fails the call, and a sync or ssp pull also
         waits on other workers: the server watches their heartbeats to say when to stop waiting."""
-        try:
+        with _lost_as_pslost(ch):
             if isinstance(future, linked.LinkedStep):  # read in this thread, watching while nothing comes
                 return future.result(idle=self.server.peer_watch(serving=("ps",)))
             self.server.wait_watching(future, serving=("ps",))
             return future.wait()
-        except RuntimeError as e:
-            if _transport.is_peer_lost(e):
-                raise PSLost(ch.task, ch.to, e) from e
-            raise
 
     def on_all(self, fn: Callable, *args: Any) -> List[Any]:
         """fn(model, *args) on every ps task at once; their replies in channel order."""
