@@ -42,13 +42,9 @@ def accuracy(text: str) -> float:
 
 
 def cluster_jsons(stdout: str) -> List[dict]:
-    """`towerflow cluster --json` from every rank (one JSON object each, possibly interleaved by lines)."""
-    decoder, out, text = json.JSONDecoder(), [], stdout.strip()
-    while text:
-        obj, end = decoder.raw_decode(text)
-        out.append(obj)
-        text = text[end:].strip()
-    return sorted(out, key=lambda o: o["rank"])
+    """`towerflow cluster --json` from every rank: one JSON object per line (the ranks' lines may come in any order)."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    return sorted((json.loads(line) for line in lines), key=lambda o: o["rank"])
 
 
 def free_port() -> int:

@@ -9,7 +9,8 @@ import sys
 
 def register(sub) -> None:
     p = sub.add_parser("cluster", help="print the cluster and task the scheduler's environment resolves to")
-    p.add_argument("--json", action="store_true", help="print TF_CONFIG's shape plus what was detected, as JSON")
+    p.add_argument("--json", action="store_true", help="print TF_CONFIG's shape plus what was detected as one line of JSON "
+                   "(the ranks of an srun / mpirun / torchrun sharing one output print a line each)")
     p.add_argument("--scheduler", default=None, metavar="NAME",
                    help="use this resolver instead of detecting one (tf_config, kubernetes, torchrun, mpi, slurm; "
                         "default: $TOWERFLOW_SCHEDULER, else detected)")
@@ -42,11 +43,11 @@ def run(args) -> int:
         return 2
     if resolved is None:
         if args.json:
-            print(json.dumps({"scheduler": None, "cluster": {}, "task": None}, indent=2))
+            print(json.dumps({"scheduler": None, "cluster": {}, "task": None}), flush=True)
         else:
             print("not distributed: no scheduler's variables (Slurm, MPI, Kubernetes, torchrun) and no TF_CONFIG cluster")
         return 0
-    print(json.dumps(resolved.as_json(), indent=2) if args.json else _text(resolved))
+    print(json.dumps(resolved.as_json()) if args.json else _text(resolved), flush=True)
     return 0
 
 

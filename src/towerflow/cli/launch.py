@@ -193,16 +193,15 @@ def run(args) -> int:
         return 2
     if logdir:
         os.makedirs(logdir, exist_ok=True)
-    store = None
+    hold = None
     if plan.store_address:  # held for the whole run: the tasks meet here, and a restarted chief finds them again
-        from towerflow.cluster.server import host_rendezvous
+        def hold():
+            from towerflow.cluster.server import host_rendezvous
 
-        try:
-            store = host_rendezvous(plan.cluster, plan.token, plan.store_address)
-        except TowerflowError as e:
-            print(f"towerflow launch: {e}", file=sys.stderr)
-            return 2
+            return host_rendezvous(plan.cluster, plan.token, plan.store_address)
+
     try:
-        return Supervisor(plan.tasks, max_restarts=args.max_restarts, restart_scope=plan.restart_scope).run()
-    finally:
-        del store
+        return Supervisor(plan.tasks, max_restarts=args.max_restarts, restart_scope=plan.restart_scope).run(hold)
+    except TowerflowError as e:  # the store could not be hosted (its port was taken since it was chosen)
+        print(f"towerflow launch: {e}", file=sys.stderr)
+        return 2

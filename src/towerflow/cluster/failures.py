@@ -30,7 +30,6 @@ import traceback
 from typing import Any, Callable, Optional
 
 from towerflow import taskenv as _taskenv
-from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import split_address
 from towerflow.errors import ClusterTimeoutError, PeerLostError
 
@@ -234,10 +233,22 @@ def _board() -> Optional[_Board]:
     address = _task_env().store
     if address:
         host, port = split_address(address)
-        store = _transport.connect_store(host, port, BOARD_TIMEOUT, answer_within=BOARD_TIMEOUT)
-        return _Board(_transport.prefix_store("towerflow", store))
-    group_store = _transport.group_store()
-    return _Board(_transport.prefix_store("towerflow", group_store)) if group_store is not None else None
+        transport = _transport()
+        store = transport.connect_store(host, port, BOARD_TIMEOUT, answer_within=BOARD_TIMEOUT)
+        return _Board(transport.prefix_store("towerflow", store))
+    if "torch" not in sys.modules:  # no process group without torch
+        return None
+    transport = _transport()
+    group_store = transport.group_store()
+    return _Board(transport.prefix_store("towerflow", group_store)) if group_store is not None else None
+
+
+def _transport():
+    """cluster/transport.py, imported where a store or a torch error is at hand: it imports torch, and
+    the launcher reads failure reports without it."""
+    from towerflow.cluster import transport
+
+    return transport
 
 
 def _with_deadline(fn: Callable[[], Any]) -> Any:
@@ -297,7 +308,10 @@ _GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
 
 
 def _is_transport(error: BaseException) -> bool:
-    return _transport.is_peer_lost(error) or _transport.is_group_peer_lost(error)
+    if "torch" not in sys.modules:  # an error torch raised needs torch imported
+        return False
+    transport = _transport()
+    return transport.is_peer_lost(error) or transport.is_group_peer_lost(error)
 
 
 def _transport_reason(error: BaseException) -> str:

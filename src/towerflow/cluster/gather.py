@@ -15,13 +15,15 @@ import dataclasses
 import ipaddress
 import socket
 import time
-from typing import List, Mapping, Optional
+from typing import TYPE_CHECKING, List, Mapping, Optional
 
 from towerflow.cluster import addresses as _addresses
-from towerflow.cluster import transport as _transport
 from towerflow.cluster.schedulers.base import Resolved
 from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.errors import ClusterTimeoutError, SchedulerError
+
+if TYPE_CHECKING:
+    from towerflow.cluster.transport import Store
 
 _POLL = 0.05
 _PREFIX = "towerflow/gather"
@@ -62,7 +64,9 @@ def complete(resolved: Resolved, timeout: float, env: Optional[Mapping[str, str]
     return dataclasses.replace(resolved, cluster=cluster, port=own_port)
 
 
-def _store(host: str, port: int, hosting: bool, timeout: float) -> _transport.Store:
+def _store(host: str, port: int, hosting: bool, timeout: float) -> Store:
+    from towerflow.cluster import transport as _transport  # here: a slot whose scheduler names the cluster needs no torch
+
     if hosting:  # every interface: the others reach rank 0 by whatever address MASTER_ADDR is to them
         try:
             return _transport.host_store(_transport.listen("0.0.0.0", port), timeout)
@@ -79,7 +83,7 @@ def _store(host: str, port: int, hosting: bool, timeout: float) -> _transport.St
     return _transport.connect_store(host, port, timeout)
 
 
-def _wait(store: _transport.Store, prefix: str, resolved: Resolved, timeout: float) -> List[str]:
+def _wait(store: Store, prefix: str, resolved: Resolved, timeout: float) -> List[str]:
     """Every rank's value under `prefix`, in rank order; ClusterTimeoutError names the missing ranks."""
     keys = [f"{prefix}/{r}" for r in range(resolved.world_size)]
     deadline = time.monotonic() + timeout

@@ -15,6 +15,7 @@ import torch
 
 from towerflow import config as _config
 from towerflow import taskenv as _taskenv
+from towerflow.devices import gpu_memory as _gpu_memory  # noqa: F401  (registers the GPU options before this layer's)
 from towerflow.devices import physical as _physical
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ConfigError

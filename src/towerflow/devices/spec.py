@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional, Union
+import sys
+from typing import TYPE_CHECKING, Optional, Union
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from towerflow.errors import DeviceSpecError, did_you_mean
 
@@ -30,7 +32,7 @@ DEVICE_TYPES = tuple(sorted(set(_TYPE_ALIASES.values())))
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 _FIELDS = ("job", "replica", "task", "device_type", "device_index")
 
-DeviceLike = Union[str, "DeviceSpec", torch.device, None]
+DeviceLike = Union[str, "DeviceSpec", "torch.device", None]
 
 
 def _canonical_type(text: str, whole: str) -> str:
@@ -118,7 +120,8 @@ class DeviceSpec:
             return cls()
         if isinstance(device, DeviceSpec):
             return device
-        if isinstance(device, torch.device):
+        torch = sys.modules.get("torch")  # not imported here: the launcher and the CLI parse names without torch
+        if torch is not None and isinstance(device, torch.device):
             return cls(device_type=_canonical_type(device.type, str(device)), device_index=device.index)
         return cls.from_string(device)
 

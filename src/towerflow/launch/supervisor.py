@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from towerflow.launch import environment as _env
 from towerflow.launch import runlog as _runlog
@@ -168,8 +168,13 @@ class Supervisor:
             self.err.write(f"{_verdict.PREFIX}{text}\n")
             self.err.flush()
 
-    def run(self) -> int:
-        """Exit code: 0 when every task exited 0; the failed task's code (or 128+signal); 130 on Ctrl-C."""
+    def run(self, hold: Optional[Callable[[], Any]] = None) -> int:
+        """Exit code: 0 when every task exited 0; the failed task's code (or 128+signal); 130 on Ctrl-C.
+
+        `hold` (the launcher's rendezvous store) is called once the tasks are started, so that its
+        start-up (importing torch) overlaps theirs (the tasks wait for the store's port); what it
+        returns is kept until the run ends. An error it raises stops every task and is raised here.
+        """
         previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -183,7 +188,13 @@ class Supervisor:
             self._running = [self._start(t, 0) for t in self.tasks]
             if self.max_restarts:  # restartable tasks: say which process is which (to watch them, or to test a kill)
                 self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
+            try:
+                held = hold() if hold is not None else None
+            except Exception:
+                code = 2  # the run log says the launch failed, not that it was interrupted
+                raise
             code = self._watch()
+            del held
             return code
         except KeyboardInterrupt:
             self._say("interrupted; stopping every task")
