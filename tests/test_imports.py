@@ -1,0 +1,50 @@
+"""The commands that only start or watch processes (launch, top, report, cluster) never import torch,
+and the package's names behave as if imported eagerly: each check in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _python(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_launching_and_watching_do_not_import_torch():
+    out = _python(
+        "import sys, towerflow\n"
+        "from towerflow.cli import build_parser; build_parser()\n"
+        "import towerflow.launch.local, towerflow.launch.supervisor, towerflow.launch.verdict\n"
+        "import towerflow.monitoring.top, towerflow.monitoring.runstate, towerflow.cli.cluster\n"
+        "from towerflow.launch import plan_local\n"
+        "plan_local(['x.py'], ps=1, workers=2)\n"
+        "towerflow.ClusterSpec({'worker': ['a:1']}); towerflow.DeviceSpec.parse('cuda:1'); towerflow.TowerflowError\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    assert out.strip() == "[]", f"imported torch: {out[:300]}"
+
+
+def test_configure_first_applies_to_devices_and_placement():
+    # configure() before anything else imported: the layers that apply options register first.
+    out = _python(
+        "import towerflow\n"
+        "towerflow.configure(logical_devices={'CPU': 2}, allow_soft_placement=True, log_device_placement=True)\n"
+        "print(len(towerflow.list_devices()), towerflow.configure().allow_soft_placement)\n"
+        "import torch\n"
+        "with towerflow.device('/cpu:1'):\n"
+        "    torch.ones(2)\n"
+        "print(towerflow.placement_log().records[-1].device)\n"
+    )
+    count, soft, device = out.split()
+    assert (count, soft) == ("2", "True")
+    assert device.endswith("/device:CPU:1")
+
+
+def test_every_public_name_resolves():
+    out = _python("import towerflow\nmissing = [n for n in towerflow.__all__ if getattr(towerflow, n, None) is None]\n"
+                  "print(missing, set(towerflow.__all__) <= set(dir(towerflow)))\n"
+                  "from towerflow import MirroredStrategy, remote, device\nprint(callable(remote), callable(device))")
+    assert out.split("\n")[:2] == ["[] True", "True True"], out
