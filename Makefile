@@ -20,11 +20,15 @@ $(DEV_STAMP): pyproject.toml tools/setup_venv.sh
 demo: $(DEMO_STAMP)
 	$(PY) -m towerflow demo $(DEMO_ARGS)
 
-# The checks first (seconds): the layer contract of pyproject.toml, then ruff; then every test.
+# The checks first (seconds): the layer contract of pyproject.toml, then ruff; then every test, on
+# TEST_WORKERS pytest-xdist workers (the tests of the namespace hosts and the real schedulers stay
+# on one of them: tests/conftest.py). The suite's processes spend most of it starting torch, so
+# two workers keep two cores busy; TEST_WORKERS=0 runs it in this process, one test at a time.
+TEST_WORKERS ?= 2
 test: $(DEV_STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check src tests benchmarks examples tools
-	$(PY) -m pytest -q -p no:cacheprovider --durations=20
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

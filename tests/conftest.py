@@ -31,6 +31,7 @@ def clean_placement_state():
 
 
 def pytest_collection_modifyitems(config, items):
+    _group_the_host_tests(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -69,3 +70,15 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
+
+
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup). The tests that start
+# the namespace hosts or the real schedulers (one Slurm, one set of hosts per machine) share one
+# group, so one worker runs them one after another; everything else goes to whichever worker is free.
+_HOSTS_GROUP_DIRS = ("schedulers", "multihost")
+
+
+def _group_the_host_tests(items) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent.name in _HOSTS_GROUP_DIRS:
+            item.add_marker(pytest.mark.xdist_group("hosts"))

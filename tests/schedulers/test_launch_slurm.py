@@ -26,11 +26,12 @@ def srun(slurm, argv, timeout, **extra):
     return done
 
 
-def test_cluster_json_under_srun(slurm):
-    done = srun(slurm, ["-n", "3", *CLUSTER, "--json", "--ps", "1"], timeout=60)
-    ranks = cluster_jsons(done.stdout)
+def test_cluster_json_under_srun(slurm, tmp_path):
+    # One output file per task: srun forwards its tasks' output in pieces of 1 KiB, which split a long line.
+    srun(slurm, ["-n", "3", f"--output={tmp_path}/rank-%t.out", *CLUSTER, "--json", "--ps", "1"], timeout=60)
+    ranks = cluster_jsons("\n".join(p.read_text() for p in sorted(tmp_path.glob("rank-*.out"))))
     assert [r["task"] for r in ranks] == [{"type": "ps", "index": 0}, {"type": "worker", "index": 0},
-                                          {"type": "worker", "index": 1}], done.stdout
+                                          {"type": "worker", "index": 1}], ranks
     assert len({str(r["cluster"]) for r in ranks}) == 1 and {r["scheduler"] for r in ranks} == {"slurm"}
     assert ranks[1]["cluster"]["worker"][0] == ranks[1]["address"]
 
