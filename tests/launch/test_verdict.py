@@ -149,6 +149,9 @@ def test_an_unreadable_report_is_named(tmp_path):
      "worker:0, as the agent is shutting down", True),
     ("[W1123 03:05:42.181350325 tensorpipe_agent.cpp:675] RPC agent for ps:0 encountered error when sending response "
      "to request #20 to worker:0: pipe closed (this error originated at tensorpipe/core/pipe_impl.cc:356)", True),
+    ("[W1123 16:00:17.671993333 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=5, addr=[::ffff:127.0.0.1]"
+     ":46880, remote=[::ffff:127.0.0.1]:33169): Connection reset by peer", True),
+    ("[W1123 16:00:17.671993333 TCPStore.cpp:125] [c10d] some other store warning", False),
     ("towerflow: /job:worker/task:0 lost /job:ps/task:0, which failed: RuntimeError: boom", False),
     ("RuntimeError: RPC agent for worker:0 encountered error when reading incoming request", False),
 ])

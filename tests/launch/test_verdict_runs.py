@@ -128,6 +128,28 @@ def _supervise(tasks):
     return Supervisor(specs, out=out, err=err).run(), err.getvalue()
 
 
+STORE_NOISE = ["[W1123 16:00:17.671993333 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=5): Connection "
+               "reset by peer", "Exception raised from recvBytes at /x/Utils.hpp:784 (most recent call first):",
+               "frame #0: c10::Error::Error() + 0x9d (0x7f in libc10.so)", "<omitting python frames>", ""]
+
+
+def test_a_store_warning_and_its_cpp_stack_are_left_out_of_a_failing_run_together():
+    warn = f"import sys; print({chr(10).join(STORE_NOISE)!r}, file=sys.stderr, flush=True); print('mine', file=sys.stderr)"
+    code, err = _supervise([warn + "; import time; time.sleep(30)", "import time, sys; time.sleep(0.5); sys.exit(3)"])
+    assert code == 3 and "c10d" not in err and "frame #0" not in err and "[worker:0] mine" in err, err
+    code, err = _supervise([warn])  # nothing failed: printed whole, in its order (after the hold, so after "mine")
+    assert code == 0 and "\n".join(f"[worker:0] {line}" for line in STORE_NOISE) in err and "[worker:0] mine" in err, err
+
+
+def test_a_task_that_reported_its_own_failure_exits_with_its_own_code_not_as_stopped():
+    # worker:1 fails first (its report written) but takes a moment to exit; worker:0 fails after it and exits at once.
+    slow = ("import json, os, sys, time; open(os.environ['TOWERFLOW_ERROR_FILE'], 'w').write('{}'); "
+            "time.sleep(1.0); sys.exit(4)")
+    code, err = _supervise(["import time, sys; time.sleep(0.3); sys.exit(3)", slow])
+    assert "stopped by the launcher" not in err and "stopped it" not in err, err
+    assert "exit code 4" in err, err
+
+
 def test_transport_warnings_are_printed_in_a_healthy_run_and_left_out_of_a_failing_one():
     warn = f"import sys; print({NOISE!r}, file=sys.stderr, flush=True)"
     code, err = _supervise([warn])  # nothing failed: printed (after the hold)

@@ -31,6 +31,7 @@ STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 # "task": restart the task that died (parameter servers: the others go on without it);
 # "group": restart every task (all-reduce replicas cannot go on without one of theirs)
 RESTART_SCOPES = ("task", "group")
+EXITING_GRACE_S = 3.0  # how long a task that reported its own failure gets to exit by itself (_fail)
 _HOLD_S = 3.0  # how long a transport warning waits for a failure to become known before it is printed
 
 try:
@@ -96,10 +97,12 @@ class _Running:
             t.start()
 
     def _pump(self, stream, sink: TextIO, lock: threading.Lock, is_stderr: bool) -> None:
+        in_noise = False  # the lines after a transport warning: the C++ stack printed with it
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
             with lock:
-                if is_stderr and _verdict.is_transport_noise(line):
+                in_noise = is_stderr and (_verdict.is_transport_noise(line) or (in_noise and _verdict.continues_noise(line)))
+                if in_noise:
                     self.held.append((time.monotonic(), line))
                 else:
                     self._write(sink, line)
@@ -256,6 +259,15 @@ class Supervisor:
 
     def _fail(self, r: _Running) -> int:
         """No restarts left: stop the others, say who failed first (verdict.py), return the exit code."""
+        # A task that has written its failure report is on its way out: it gets EXITING_GRACE_S to
+        # exit with its own code before it is stopped (else its own failure reads as a stop).
+        deadline = time.monotonic() + EXITING_GRACE_S
+        for o in self._running:
+            if o is not r and o.proc.poll() is None and os.path.exists(o.report_path):
+                try:
+                    o.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
         for o in self._running:
             o.stopped = o.proc.poll() is None
         self.stop_all()

@@ -29,9 +29,23 @@ _NOISE = re.compile(  # every such warning in libtorch's tensorpipe_agent.cpp (t
 )
 
 
+# c10d's warning when a store call finds its connection gone (a peer that hosted a store died),
+# followed by the C++ stack it prints with it: the lines _TRACE matches.
+_STORE_NOISE = re.compile(
+    r"^\[W\S* [^\]]*(TCPStore|socket|Utils)\.(cpp|hpp):\d+\] \[c10d\] .*(Connection reset by peer|Connection closed "
+    r"by peer|Broken pipe|recvValue failed|failed to recv)"
+)
+_TRACE = re.compile(r"^(Exception raised from \S+ at |frame #\d+: |<omitting python frames>$|$)")
+
+
 def is_transport_noise(line: str) -> bool:
     """Whether a task's stderr line is the transport's warning about a connection that closed."""
-    return _NOISE.match(line) is not None
+    return _NOISE.match(line) is not None or _STORE_NOISE.match(line) is not None
+
+
+def continues_noise(line: str) -> bool:
+    """Whether a line after such a warning is the C++ stack printed with it (held with the warning)."""
+    return _TRACE.match(line) is not None
 
 
 @dataclasses.dataclass(frozen=True)
