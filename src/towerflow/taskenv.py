@@ -42,6 +42,7 @@ ENV_ERROR_FILE = "TOWERFLOW_ERROR_FILE"  # where a failing task leaves its Failu
 ENV_PS_MODE = "TOWERFLOW_PS_MODE"  # async | sync | ssp (towerflow launch --mode)
 ENV_PS_REPLICAS_TO_AGGREGATE = "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"  # --replicas-to-aggregate
 ENV_PS_STALENESS = "TOWERFLOW_PS_STALENESS"  # --staleness
+ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers keep freed memory for the next step) | system
 ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always RPC)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
@@ -63,6 +64,7 @@ DEFAULT_HEARTBEAT_TIMEOUT = 15.0
 RPC_TRANSPORTS = ("uv", "shm", "ibv")  # what TensorPipe offers between hosts and on one
 PS_MODES = ("async", "sync", "ssp")
 PS_LINKS = ("shm", "rpc")
+TOWERS_ALLOCATORS = ("keep", "system")
 
 
 class TaskEnvironmentError(ClusterSpecError, StrategyError, ConfigError):
@@ -99,6 +101,7 @@ class TaskEnv:
     ps_replicas_to_aggregate: Optional[int] = None
     ps_staleness: Optional[int] = None
     ps_link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
+    towers_allocator: str = "keep"  # TOWERFLOW_TOWERS_ALLOCATOR: whether towers in one process tune glibc malloc
     ps_local_steps: Optional[int] = None
     threads_set_by_user: bool = False  # OMP_NUM_THREADS is set: do not split the CPU's cores
     socket_ifnames: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the ones already set
@@ -189,6 +192,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         ps_replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),
         ps_staleness=_count(env, ENV_PS_STALENESS),
         ps_link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
+        towers_allocator=_choice(env, ENV_TOWERS_ALLOCATOR, TOWERS_ALLOCATORS) or "keep",
         ps_local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),
         threads_set_by_user=ENV_OMP_NUM_THREADS in env,
         socket_ifnames={k: env[k] for k in SOCKET_IFNAME_VARIABLES if env.get(k)},

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from towerflow.cluster import failures as _failures
 from towerflow.cluster import replica_rendezvous
 from towerflow.errors import StrategyError
+from towerflow.strategies import _host_memory
 from towerflow.strategies import towers as _towers
 from towerflow.strategies._devices import replica_device
 from towerflow.strategies.base import Strategy
@@ -65,6 +66,7 @@ class MirroredStrategy(Strategy):
         self.towers = _towers.towers_mode(towers, env, devices)
         self.tower_devices: Sequence[str] = ()
         self._tower_pool: Optional[_towers.TowerPool] = None
+        self.host_memory: Optional[str] = None  # towers: what _host_memory did to malloc (None: nothing)
         if self.towers == "threads":
             self.tower_devices = _towers.tower_devices(devices)
             n = len(self.tower_devices)
@@ -164,6 +166,8 @@ class MirroredStrategy(Strategy):
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.towers == "threads":
             if self._tower_pool is None:
+                if self.env.towers_allocator == "keep":
+                    self.host_memory = _host_memory.keep_freed_memory()
                 self._tower_pool = _towers.TowerPool(len(self.tower_devices), self._threads_per_tower)
             return _towers.TowerModule(model, self._tower_pool)
         if not self.env.is_distributed:

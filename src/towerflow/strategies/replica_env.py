@@ -28,6 +28,7 @@ class ReplicaEnv:
     master_port: Optional[int] = None
     group_prefix: Optional[str] = None  # torchrun's agent serves the group's store: meet in it under this prefix
     threads_set_by_user: bool = False  # OMP_NUM_THREADS is set: leave torch's thread count alone
+    towers_allocator: str = "keep"  # TOWERFLOW_TOWERS_ALLOCATOR (strategies/_host_memory.py)
     join_timeout: float = _taskenv.DEFAULT_JOIN_TIMEOUT
     heartbeat_timeout: float = _taskenv.DEFAULT_HEARTBEAT_TIMEOUT
 
@@ -69,6 +70,7 @@ def read_env(env: Optional[Mapping[str, str]] = None) -> ReplicaEnv:
         master_port=task.master_port,
         group_prefix=task.agent_store_prefix,
         threads_set_by_user=task.threads_set_by_user,
+        towers_allocator=task.towers_allocator,
         join_timeout=task.join_timeout,
         heartbeat_timeout=task.heartbeat_timeout,
     )

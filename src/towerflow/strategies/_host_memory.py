@@ -1,0 +1,53 @@
+"""Towers in one process keep the memory they free for their next step (glibc malloc settings).
+
+Why: each step every tower's backward allocates a full set of fresh gradients (68 MB per tower
+for a 17M-parameter model) and frees it after the sum. glibc maps chunks that large fresh from
+the kernel and unmaps them on free, so every step pays a page fault per 4 KB and the kernel's
+zeroing of every page, twice over with two towers. With the mmap threshold raised and trimming
+held off, freed chunks stay in malloc's heap and the next step reuses them: what TF's BFC
+allocator and PyTorch's CUDA caching allocator do. The price: the process keeps its peak heap
+(it does not hand freed memory back to the system). Measured in docs/benchmarks.md, "Towers in one
+process"; `TOWERFLOW_TOWERS_ALLOCATOR=system` leaves malloc as the system has it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+from typing import Optional
+
+log = logging.getLogger("towerflow.strategies")
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+MMAP_THRESHOLD = 1 << 30  # chunks below 1 GiB come from the heap (a gradient set of up to 250M float32 parameters)
+GLIBC_CAP = 32 << 20  # what older glibc accepts at most for the mmap threshold
+TRIM_THRESHOLD = (1 << 31) - 1  # mallopt takes an int: freed memory is kept up to 2 GiB at the heap's top
+
+_lock = threading.Lock()
+_applied: Optional[str] = None  # what was set, once per process
+
+
+def keep_freed_memory() -> str:
+    """Tune glibc malloc for this process (once); says what was done (kept as `strategy.host_memory`, logged)."""
+    global _applied
+    with _lock:
+        if _applied is None:
+            _applied = _tune()
+            log.info("towers: %s", _applied)
+        return _applied
+
+
+def _tune() -> str:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return f"malloc left as it is: no glibc mallopt in {name or 'this process'}"
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    threshold = next((t for t in (MMAP_THRESHOLD, GLIBC_CAP) if mallopt(_M_MMAP_THRESHOLD, t) == 1), None)
+    if threshold is None or mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
+        return "malloc left as it is: glibc refused the settings"
+    return f"freed memory kept for reuse (glibc mmap threshold {threshold >> 20} MB, trim threshold 2 GB)"
