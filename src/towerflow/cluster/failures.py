@@ -233,19 +233,22 @@ def _board() -> Optional[_Board]:
     address = _task_env().store
     if address:
         host, port = split_address(address)
-        transport = _transport()
+        from towerflow.cluster import transport
+
         store = transport.connect_store(host, port, BOARD_TIMEOUT, answer_within=BOARD_TIMEOUT)
         return _Board(transport.prefix_store("towerflow", store))
-    if "torch" not in sys.modules:  # no process group without torch
+    transport = _loaded_transport()
+    if transport is None:  # no process group without torch
         return None
-    transport = _transport()
     group_store = transport.group_store()
     return _Board(transport.prefix_store("towerflow", group_store)) if group_store is not None else None
 
 
-def _transport():
-    """cluster/transport.py, imported where a store or a torch error is at hand: it imports torch, and
-    the launcher reads failure reports without it."""
+def _loaded_transport():
+    """cluster/transport.py when torch is imported already, else None (no torch error or process group
+    can exist then): transport imports torch, and the launcher reads failure reports without it."""
+    if "torch" not in sys.modules:
+        return None
     from towerflow.cluster import transport
 
     return transport
@@ -308,10 +311,8 @@ _GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
 
 
 def _is_transport(error: BaseException) -> bool:
-    if "torch" not in sys.modules:  # an error torch raised needs torch imported
-        return False
-    transport = _transport()
-    return transport.is_peer_lost(error) or transport.is_group_peer_lost(error)
+    transport = _loaded_transport()
+    return transport is not None and (transport.is_peer_lost(error) or transport.is_group_peer_lost(error))
 
 
 def _transport_reason(error: BaseException) -> str:
