@@ -258,5 +258,6 @@ def test_towers_keep_freed_memory_so_a_step_stops_faulting_in_fresh_pages():
     kept, faults_kept = _faults_per_step("keep")
     system, faults_system = _faults_per_step("system")
     assert kept.startswith("freed memory kept for reuse") and system == "None"
-    # 4 KB pages: the towers' fresh gradients alone are some 8,000 faults a step when each is mapped anew
-    assert faults_system > 2000 and faults_kept < faults_system / 4, (faults_kept, faults_system)
+    # 4 KB pages: 16 MB of fresh gradients per tower are some 8,000 faults a step when mapped anew; glibc's own
+    # dynamic threshold sometimes catches up (922 seen under load), so the system side is only compared
+    assert faults_kept < 500 and faults_kept < faults_system, (faults_kept, faults_system)
