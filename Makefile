@@ -23,9 +23,9 @@ demo: $(DEMO_STAMP)
 # The checks first (seconds): the layer contract of pyproject.toml, then ruff; then every test, on
 # TEST_WORKERS pytest-xdist workers (the tests of the namespace hosts and the real schedulers stay
 # on one of them: tests/conftest.py). The suite's processes spend most of it starting torch, so
-# two workers keep two cores busy (TEST_WORKERS=2) but race for free ports (a cluster's pre-chosen port taken
-# by another test's; seen once in four runs): until the launcher holds its ports, 0 (one process) is the default.
-TEST_WORKERS ?= 0
+# two workers keep two cores busy; launches hold their ports until they end (launch/ports.py), so
+# the workers' clusters do not take each other's. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(DEV_STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check src tests benchmarks examples tools

@@ -84,9 +84,10 @@ def _latencies(store, seconds: float, key: str = "coordinator") -> List[float]:
 
 def one_run(n: int, src: str, args, tmp: Path) -> dict:
     from towerflow.cluster import transport
-    from towerflow.launch.local import LOOPBACK, free_ports
+    from towerflow.launch.ports import LOOPBACK, PortReservation
 
-    ports = free_ports(n + 1)
+    held = PortReservation(n + 1)  # closed when this run returns
+    ports = held.ports
     addr = [f"{LOOPBACK}:{p}" for p in ports]
     cfg = {"tasks": n, "spawn": args.spawn, "store": addr[0], "token": os.urandom(8).hex(),
            "cluster": {"ps": [addr[1]], "worker": addr[2:]}, "join_timeout": args.run_timeout,

@@ -85,9 +85,9 @@ def _one_process(name, data, threads, strategy=None):
 
 
 def _launch_ddp(name, batch_size, warmup, timeout):
-    from towerflow.launch.local import free_ports
+    from towerflow.launch.ports import PortReservation
 
-    port = free_ports(1)[0]
+    port = PortReservation(1).ports[0]  # released at once: the store below binds it next
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=timeout))
     cmd = [sys.executable, "-m", "towerflow", "launch", "--nproc", "2", os.path.join(HERE, "_towers_ddp.py"),
            "--store", f"127.0.0.1:{port}", "--model", name, "--batch-size", str(batch_size), "--warmup", str(warmup)]

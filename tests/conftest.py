@@ -40,6 +40,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def free_ports():
+    """n free loopback ports, held (launch/ports.py) until the test ends: the test's processes can bind them,
+    another test's cluster or an outgoing connection cannot take them in between."""
+    from towerflow.launch.ports import PortReservation
+
+    held = []
+
+    def reserve(n: int):
+        held.append(PortReservation(n))
+        return list(held[-1].ports)
+
+    yield reserve
+    for reservation in held:
+        reservation.release()
+
+
 # --- processes started by multi-process tests (tests/cluster/_cluster_procs.py) -------------
 
 sys.path.insert(0, str(Path(__file__).parent / "cluster"))

@@ -6,12 +6,11 @@ import json
 
 import pytest
 
-from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 
 
-def test_cluster_runs_remote_calls_and_shuts_down_in_any_start_order(procs):
+def test_cluster_runs_remote_calls_and_shuts_down_in_any_start_order(procs, free_ports):
     ps, w0, w1 = free_ports(3)
     cluster = json.dumps({"ps": [f"localhost:{ps}"], "worker": [f"localhost:{w0}", f"localhost:{w1}"]})
     # workers first, the ps last: start order must not matter
@@ -27,7 +26,7 @@ def test_cluster_runs_remote_calls_and_shuts_down_in_any_start_order(procs):
     assert not any(t.group_alive() for t in tasks), "a task left a process behind"
 
 
-def test_join_fails_naming_a_task_that_was_killed(procs):
+def test_join_fails_naming_a_task_that_was_killed(procs, free_ports):
     from _cluster_procs import wait_until
 
     cluster = json.dumps({"worker": [f"localhost:{p}" for p in free_ports(2)]})
@@ -40,7 +39,7 @@ def test_join_fails_naming_a_task_that_was_killed(procs):
     assert "/job:worker/task:1" in w0.err and "stopped answering: no heartbeat for 2 s" in w0.err, procs.describe()
 
 
-def test_a_task_that_raises_makes_the_others_fail_naming_it_in_one_line(procs):
+def test_a_task_that_raises_makes_the_others_fail_naming_it_in_one_line(procs, free_ports):
     cluster = json.dumps({"worker": [f"localhost:{p}" for p in free_ports(2)]})
     w0 = procs.python("_cluster_serve.py", cluster, "worker", "0", "fail", label="worker0")  # the coordinator fails
     w1 = procs.python("_cluster_serve.py", cluster, "worker", "1", label="worker1")
@@ -50,7 +49,7 @@ def test_a_task_that_raises_makes_the_others_fail_naming_it_in_one_line(procs):
     assert said in w1.err.splitlines() and "Traceback" not in w1.err, procs.describe()  # the cause, in one line
 
 
-def test_a_call_to_a_task_that_went_silent_fails_naming_it(procs, tmp_path):
+def test_a_call_to_a_task_that_went_silent_fails_naming_it(procs, tmp_path, free_ports):
     """A task stopped (SIGSTOP: hung, or its host cut off) never fails the call; its heartbeat ends the wait."""
     import os
     import signal

@@ -13,7 +13,7 @@ import towerflow
 from towerflow.devices.logical import set_local_task
 from _cluster_procs import Procs, wait_until
 
-from towerflow.launch.local import free_ports
+from towerflow.launch.ports import PortReservation
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
@@ -34,8 +34,8 @@ def task_env(monkeypatch):
 def half_cluster(tmp_path_factory):
     """worker 0 (the coordinator) and worker 1 of a 3-task cluster, with a token; worker 2 never comes."""
     procs = Procs(tmp_path_factory.mktemp("half"))
-    ports = free_ports(3)
-    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    held = PortReservation(3)
+    cluster = {"worker": [f"localhost:{p}" for p in held.ports]}
     env = {"TOWERFLOW_CLUSTER_TOKEN": TOKEN, "TOWERFLOW_JOIN_TIMEOUT": "60"}
     tasks = [procs.python("_cluster_serve.py", json.dumps(cluster), "worker", str(i), env=env, label=f"worker{i}") for i in (0, 1)]
     try:
@@ -47,6 +47,7 @@ def half_cluster(tmp_path_factory):
     finally:
         for t in tasks:
             t.kill_group()
+        held.release()
 
 
 def test_the_first_task_up_says_whom_it_waits_for(half_cluster):
@@ -68,7 +69,7 @@ def test_missing_token_is_refused(half_cluster):
         towerflow.Server(cluster, "worker", 2, join_timeout=10)
 
 
-def test_token_from_a_file_is_accepted_up_to_the_spec_check(half_cluster, tmp_path, monkeypatch):
+def test_token_from_a_file_is_accepted_up_to_the_spec_check(half_cluster, tmp_path, monkeypatch, free_ports):
     cluster, _ = half_cluster
     (tmp_path / "token").write_text(TOKEN + "\n")
     monkeypatch.setenv("TOWERFLOW_CLUSTER_TOKEN_FILE", str(tmp_path / "token"))
@@ -93,7 +94,7 @@ def test_port_in_use_is_refused_at_once():
         assert time.monotonic() - start < 5
 
 
-def test_timeout_lists_the_missing_tasks(capsys):
+def test_timeout_lists_the_missing_tasks(capsys, free_ports):
     ports = free_ports(3)
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     with pytest.raises(towerflow.ClusterTimeoutError) as e:
@@ -103,7 +104,7 @@ def test_timeout_lists_the_missing_tasks(capsys):
     assert "waiting for /job:worker/task:1" in capsys.readouterr().err
 
 
-def test_timeout_when_the_coordinator_never_comes(capsys):
+def test_timeout_when_the_coordinator_never_comes(capsys, free_ports):
     ports = free_ports(2)
     cluster = {"ps": [f"localhost:{ports[1]}"], "worker": [f"localhost:{ports[0]}"]}
     with pytest.raises(towerflow.ClusterTimeoutError, match=r"coordinator /job:worker/task:0 .* never came up") as e:

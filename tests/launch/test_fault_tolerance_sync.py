@@ -22,7 +22,6 @@ import pytest
 
 from _cluster_procs import wait_until
 
-from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
@@ -80,7 +79,7 @@ def test_sync_without_backups_waits_for_the_restarted_worker(launcher, tmp_path)
     assert "'rejoins_by_worker': {1: 1}" in run.out, run.out
 
 
-def test_sync_without_backups_or_restarts_fails_naming_the_dead_worker(procs, tmp_path):
+def test_sync_without_backups_or_restarts_fails_naming_the_dead_worker(procs, tmp_path, free_ports):
     ports = free_ports(3)
     flags = ["--ps_hosts", f"localhost:{ports[0]}", "--worker_hosts", f"localhost:{ports[1]},localhost:{ports[2]}"]
     env = {"TOWERFLOW_PS_MODE": "sync", "TOWERFLOW_HEARTBEAT_TIMEOUT": "3"}

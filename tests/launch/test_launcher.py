@@ -14,7 +14,6 @@ from _cluster_procs import wait_until
 
 from _cluster_procs import alive
 
-from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 
@@ -113,7 +112,7 @@ def test_pi_distributed_under_launch(launcher):
     assert re.search(r"3 tasks drew 2,000,000 samples in [\d.]+ s \([\d,]+ samples/s\)", run.out)
 
 
-def test_hello_cluster_as_one_task_per_host_and_by_hand_with_the_seed_flags(launcher, tmp_path):
+def test_hello_cluster_as_one_task_per_host_and_by_hand_with_the_seed_flags(launcher, tmp_path, free_ports):
     ports = free_ports(2)
     hosts = [f"localhost:{p}" for p in ports]
     (tmp_path / "cluster.json").write_text(json.dumps({"worker": hosts}))

@@ -89,8 +89,7 @@ def test_a_wrong_data_folder_under_all_reduce_is_reported_once(launcher):
     assert "Last lines of its stderr" not in err
 
 
-def test_one_task_per_host_launchers_each_name_the_remote_task_that_failed_first(launcher, tmp_path):
-    from towerflow.launch.local import free_ports
+def test_one_task_per_host_launchers_each_name_the_remote_task_that_failed_first(launcher, tmp_path, free_ports):
 
     ports = free_ports(3)
     (tmp_path / "cluster.json").write_text(json.dumps(

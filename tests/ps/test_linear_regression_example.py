@@ -9,7 +9,6 @@ import pytest
 
 from _launch import REPO, launch, run_by_hand
 
-from towerflow.launch.local import free_ports
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
@@ -24,7 +23,7 @@ def test_linear_regression_on_one_ps_and_two_workers():
     assert abs(w - 2) < 0.1 and abs(b - 0.2) < 0.1, (w, b)
 
 
-def test_linear_regression_by_hand_with_the_seeds_flags():
+def test_linear_regression_by_hand_with_the_seeds_flags(free_ports):
     ps, w0, w1 = free_ports(3)
     flags = ["--ps_hosts", f"localhost:{ps}", "--worker_hosts", f"localhost:{w0},localhost:{w1}"]
     outputs = run_by_hand(

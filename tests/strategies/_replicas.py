@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
-from towerflow.launch.local import free_ports
+from towerflow.launch.ports import PortReservation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,7 +49,8 @@ def run_replicas(
     check: bool = True,
 ) -> List[ReplicaResult]:
     """Run `python *argv` as n replicas; with `check`, raise ReplicasFailed unless all exit 0."""
-    port = free_ports(1)[0]
+    held = PortReservation(1)  # until the replicas are done: their store's port stays theirs
+    port = held.ports[0]
     tmp = tempfile.mkdtemp(prefix="towerflow-replicas-")
     procs, files = [], []
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TF_CONFIG", "TOWERFLOW_DEVICE")}
@@ -88,6 +89,7 @@ def run_replicas(
                 os.killpg(p.pid, signal.SIGKILL)
         for p in procs:
             p.wait(timeout=10)
+        held.release()
     results = []
     for rank, (p, (out, err)) in enumerate(zip(procs, files)):
         out.seek(0)

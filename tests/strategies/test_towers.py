@@ -238,10 +238,12 @@ x, y = torch.randn(64, 1024), torch.randint(0, 10, (64,))
 def step():
     opt.zero_grad(set_to_none=True); F.cross_entropy(model(x), y).backward(); opt.step()
 step(); step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+faults = []
+for _ in range(9):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-print(s.host_memory, "|", (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(s.host_memory, "|", sorted(faults)[len(faults) // 2])
 s.shutdown()
 """
 
@@ -258,6 +260,7 @@ def test_towers_keep_freed_memory_so_a_step_stops_faulting_in_fresh_pages():
     kept, faults_kept = _faults_per_step("keep")
     system, faults_system = _faults_per_step("system")
     assert kept.startswith("freed memory kept for reuse") and system == "None"
-    # 4 KB pages: 16 MB of fresh gradients per tower are some 8,000 faults a step when mapped anew; glibc's own
-    # dynamic threshold sometimes catches up (922 seen under load), so the system side is only compared
-    assert faults_kept < 500 and faults_kept < faults_system, (faults_kept, faults_system)
+    # 4 KB pages: 16 MB of fresh gradients per tower are some 8,000 faults a step when mapped anew. The median step:
+    # an arena that grows once (4,096 faults in one step of nine, seen) is not the steady state. glibc's own dynamic
+    # threshold sometimes reuses chunks in the system allocator too (922 seen under load), so that side is not bounded.
+    assert faults_kept < 200, (faults_kept, faults_system)

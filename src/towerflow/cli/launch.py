@@ -200,8 +200,10 @@ def run(args) -> int:
 
             return host_rendezvous(plan.cluster, plan.token, plan.store_address)
 
-    try:
+    try:  # a local cluster's ports stay held until the run ends, so a restarted task finds its port free
         return Supervisor(plan.tasks, max_restarts=args.max_restarts, restart_scope=plan.restart_scope).run(hold)
-    except TowerflowError as e:  # the store could not be hosted (its port was taken since it was chosen)
+    except TowerflowError as e:  # the store could not be hosted
         print(f"towerflow launch: {e}", file=sys.stderr)
         return 2
+    finally:
+        plan.release()

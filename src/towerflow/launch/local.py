@@ -1,6 +1,6 @@
 """The embedded local cluster: every task of a cluster on this machine, on loopback, with free ports.
 
-`plan_local()` decides the cluster and each task's environment (the launcher then hosts the
+`plan_local()` decides the cluster and each task's environment, and holds its ports (the launcher hosts the
 cluster's rendezvous store itself, so a killed chief can come back); `plan_one()` does the same
 for one task of a multi-host cluster (`--cluster FILE --job_name J --task_index I`). Both
 hand their plans to the Supervisor, so one script works under either.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-import socket
 import sys
 from typing import List, Optional, Sequence
 
@@ -20,9 +19,9 @@ from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import DeviceSpecError, LaunchError
 from towerflow.launch import environment as _env
+from towerflow.launch.ports import LOOPBACK, PortReservation
 from towerflow.launch.supervisor import TaskProcessSpec
 
-LOOPBACK = "127.0.0.1"
 MASTER_PORT_OFFSET = 10000  # multi-host: the replicas' process group meets at the first replica's port + this
 PS_SERVE_MODULE = "towerflow.ps.serve"  # named, not imported: the launcher sits below `ps`
 
@@ -36,20 +35,11 @@ class LaunchPlan:
     store_address: Optional[str] = None  # the launcher hosts the rendezvous store here (local clusters)
     token: Optional[str] = None
     restart_scope: str = "task"  # "group" for all-reduce replicas: one lost replica restarts them all
+    ports: Optional[PortReservation] = None  # a local cluster's ports, held until the launch ends (launch/ports.py)
 
-
-def free_ports(n: int, host: str = LOOPBACK) -> List[int]:
-    """n distinct free ports: all bound at once (port 0) so none repeats, then released."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    def release(self) -> None:
+        if self.ports is not None:
+            self.ports.release()
 
 
 def command_for(script: str, args: Sequence[str]) -> List[str]:
@@ -133,7 +123,19 @@ def plan_local(
     if n_workers == 0 and not chief:
         raise LaunchError("a cluster needs a chief or at least one worker: add --workers N or --chief")
     counts = {"chief": int(chief), "worker": n_workers, "ps": ps}
-    ports = free_ports(sum(counts.values()) + 2)
+    reservation = PortReservation(sum(counts.values()) + 2)
+    try:
+        return _local_plan(counts, list(reservation.ports), device_list, script_argv, ps_argv, logdir, token, reservation)
+    except BaseException:
+        reservation.release()
+        raise
+
+
+def _local_plan(
+    counts: dict, ports: List[int], device_list: List[Optional[str]], script_argv: List[str],
+    ps_argv: Optional[Sequence[str]], logdir: Optional[str], token: Optional[str], reservation: PortReservation,
+) -> LaunchPlan:
+    """The plan over ports already held: chief, workers, ps in order, then the store's and the replicas' port."""
     master_port = ports.pop()
     store_address = f"{LOOPBACK}:{ports.pop()}"
     cluster = ClusterSpec({job: [f"{LOOPBACK}:{ports.pop(0)}" for _ in range(n)] for job, n in counts.items() if n})
@@ -149,8 +151,8 @@ def plan_local(
         env.update(interface_environment(_addresses.binding_for(cluster, t.job, t.task, here)))
         tasks.append(TaskProcessSpec(t.job, t.task, argv_of(t.job, script_argv, ps_argv), env))
     # all-reduce replicas (no ps) share one process group that a lost member breaks: restart all of them
-    scope = "group" if not ps and len(tasks) > 1 else "task"
-    return LaunchPlan(cluster, tasks, store_address, token, scope)
+    scope = "group" if not counts["ps"] and len(tasks) > 1 else "task"
+    return LaunchPlan(cluster, tasks, store_address, token, scope, reservation)
 
 
 def replica_master(cluster: ClusterSpec, master_port: Optional[int] = None) -> tuple:
