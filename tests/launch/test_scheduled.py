@@ -136,19 +136,13 @@ def test_a_bad_slot_is_refused_with_one_line(monkeypatch, capsys, tmp_path, name
     assert said in err and "Traceback" not in err and err.startswith("towerflow launch: "), err
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _slot(rank, world, port, rendezvous):
     return Resolved("mpi", "ps" if rank == 0 else "worker", max(rank - 1, 0), {"ps": 1, "worker": world - 1}, None,
                     {}, rank, world, rank, world, None, port, rendezvous)
 
 
-def test_addresses_are_gathered_at_the_rendezvous():
-    rdv = f"127.0.0.1:{_free_port()}"
+def test_addresses_are_gathered_at_the_rendezvous(free_ports):
+    rdv = f"127.0.0.1:{free_ports(1)[0]}"
     out, threads = {}, []
     for rank in range(3):
         t = threading.Thread(target=lambda r=rank: out.__setitem__(r, gather.complete(_slot(r, 3, 31000 + r, rdv), 20)))
@@ -162,8 +156,8 @@ def test_addresses_are_gathered_at_the_rendezvous():
                                    sort_keys=True)}
 
 
-def test_a_rank_that_never_comes_is_named():
-    rdv = f"127.0.0.1:{_free_port()}"
+def test_a_rank_that_never_comes_is_named(free_ports):
+    rdv = f"127.0.0.1:{free_ports(1)[0]}"
     with pytest.raises(ClusterTimeoutError, match=r"1 of 3 ranks; missing: rank 1, 2"):
         gather.complete(_slot(0, 3, 31000, rdv), 1.0)
 
