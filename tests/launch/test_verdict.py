@@ -151,6 +151,8 @@ def test_an_unreadable_report_is_named(tmp_path):
      "to request #20 to worker:0: pipe closed (this error originated at tensorpipe/core/pipe_impl.cc:356)", True),
     ("[W1123 16:00:17.671993333 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=5, addr=[::ffff:127.0.0.1]"
      ":46880, remote=[::ffff:127.0.0.1]:33169): Connection reset by peer", True),
+    ("[rank1]:[W1123 17:51:07.418216393 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=6, addr=[::ffff:"
+     "127.0.0.1]:40134, remote=[::ffff:127.0.0.1]:40345): Connection reset by peer", True),  # once a group is up
     ("[W1123 16:00:17.671993333 TCPStore.cpp:125] [c10d] some other store warning", False),
     ("towerflow: /job:worker/task:0 lost /job:ps/task:0, which failed: RuntimeError: boom", False),
     ("RuntimeError: RPC agent for worker:0 encountered error when reading incoming request", False),

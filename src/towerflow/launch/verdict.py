@@ -23,16 +23,17 @@ PREFIX = "towerflow launch: "  # every line the launcher says starts so
 # prints them as the failure's connections close (TensorPipe: one per pipe, 8-12 per failure in a
 # 3-task job). The supervisor leaves them out once it knows of a failure (see Supervisor._failing).
 _NOISE = re.compile(  # every such warning in libtorch's tensorpipe_agent.cpp (torch 2.x)
-    r"^\[W\S* [^\]]*tensorpipe_agent\.cpp:\d+\] RPC agent for \S+ (encountered error when (accepting incoming "
+    r"^(\[rank\d+\]:)?\[W\S* [^\]]*tensorpipe_agent\.cpp:\d+\] RPC agent for \S+ (encountered error when (accepting incoming "
     r"pipe|reading incoming (request|response) from|sending outgoing request #|sending response to request #)|"
     r"won't send response to request #\d+ to \S+, as the agent is shutting down)"
 )
 
 
 # c10d's warning when a store call finds its connection gone (a peer that hosted a store died),
-# followed by the C++ stack it prints with it: the lines _TRACE matches.
+# followed by the C++ stack it prints with it: the lines _TRACE matches. Once a process group is up,
+# c10d's log lines start with "[rankN]:".
 _STORE_NOISE = re.compile(
-    r"^\[W\S* [^\]]*(TCPStore|socket|Utils)\.(cpp|hpp):\d+\] \[c10d\] .*(Connection reset by peer|Connection closed "
+    r"^(\[rank\d+\]:)?\[W\S* [^\]]*(TCPStore|socket|Utils)\.(cpp|hpp):\d+\] \[c10d\] .*(Connection reset by peer|Connection closed "
     r"by peer|Broken pipe|recvValue failed|failed to recv)"
 )
 _TRACE = re.compile(r"^(Exception raised from \S+ at |frame #\d+: |<omitting python frames>$|$)")
