@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import pytest
+
+pytestmark = pytest.mark.multiprocess  # starts processes (tests/conftest.py runs these first)
 
 
 def _python(code: str) -> str:

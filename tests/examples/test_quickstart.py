@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.multiprocess  # starts processes (tests/conftest.py runs these first)
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "examples" / "quickstart.py")
 

@@ -15,6 +15,8 @@ from towerflow.monitoring.plots import Panel, ema, spans_decades
 from towerflow.monitoring.runstate import run_state
 from towerflow.session import MonitoredTrainingSession, StopAtStepHook
 
+pytestmark = pytest.mark.multiprocess  # starts processes (tests/conftest.py runs these first)
+
 
 class _Clock:
     def __init__(self):

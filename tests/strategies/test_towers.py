@@ -256,6 +256,7 @@ def _faults_per_step(allocator: str):
     return said.strip(), float(faults)
 
 
+@pytest.mark.multiprocess
 def test_towers_keep_freed_memory_so_a_step_stops_faulting_in_fresh_pages():
     kept, faults_kept = _faults_per_step("keep")
     system, faults_system = _faults_per_step("system")
