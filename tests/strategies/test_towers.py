@@ -140,6 +140,36 @@ def test_towers_run_in_their_threads_with_their_thread_count(towers):
     assert torch.get_num_threads() == before
 
 
+def test_the_optimizer_update_runs_on_every_tower_s_threads_and_gives_them_back(towers):
+    counts = []
+
+    class Probe(torch.optim.SGD):
+        def step(self, closure=None):
+            counts.append(torch.get_num_threads())
+            return super().step(closure)
+
+    torch.set_num_threads(1)
+    model = nn.Linear(3, 2)
+    model, opt = towers(2, threads_per_tower=1).setup(model, Probe(model.parameters(), lr=0.1))
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    assert counts == [2] and torch.get_num_threads() == 1  # the towers' cores for the update, then as before
+
+
+def test_the_summed_gradients_become_grad_without_a_copy(towers):
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 3))
+    shapes = {tuple(p.shape) for p in model.parameters()}
+    model, opt = towers(2).setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(8, 16)
+    model(x).sum().backward()  # a first step: .grad exists afterwards either way
+    opt.zero_grad(set_to_none=True)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        model(x).sum().backward()
+    copies = [e.input_shapes for e in prof.events() if e.name == "aten::copy_" and e.input_shapes
+              and tuple(e.input_shapes[0]) in shapes]
+    assert not copies  # a copy per parameter, a whole model's worth a step, if anything still held the sums
+
+
 def test_the_loader_reads_the_whole_global_batch_of_the_towers(towers):
     s = towers(2)
     assert (s.num_replicas_in_sync, s.replica_id, s.is_chief) == (2, 0, True)

@@ -122,11 +122,12 @@ class SyncOptimizer:
         if self.clip_grad_norm is not None:
             params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
             self.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm))
-        if self.scaler is not None:
-            self.scaler.step(opt)
-            self.scaler.update()
-        else:
-            opt.step()
+        with self.strategy._update_threads():
+            if self.scaler is not None:
+                self.scaler.step(opt)
+                self.scaler.update()
+            else:
+                opt.step()
         if self.host is not None:
             self.host.push_values()
         self.strategy.steps.advance()

@@ -172,6 +172,10 @@ class Strategy:
         """The user's module inside whatever wrapper `setup` added (for eval, saving, inspection)."""
         return getattr(model, "module", model)
 
+    def _update_threads(self) -> contextlib.AbstractContextManager:
+        """Where the optimizer's update runs: as the process is (towers in one process give it every core)."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """Mixed-precision region for the forward pass (a no-op without mixed precision)."""

@@ -30,6 +30,7 @@ from towerflow.cluster import replica_rendezvous
 from towerflow.errors import StrategyError
 from towerflow.strategies import _host_memory
 from towerflow.strategies import towers as _towers
+from towerflow.strategies.tower_pool import TowerPool, default_threads_per_tower
 from towerflow.strategies._devices import replica_device
 from towerflow.strategies.base import Strategy
 from towerflow.strategies.replica_env import ReplicaEnv, read_env
@@ -65,7 +66,7 @@ class MirroredStrategy(Strategy):
         env = self._read_env()
         self.towers = _towers.towers_mode(towers, env, devices)
         self.tower_devices: Sequence[str] = ()
-        self._tower_pool: Optional[_towers.TowerPool] = None
+        self._tower_pool: Optional[TowerPool] = None
         self.host_memory: Optional[str] = None  # towers: what _host_memory did to malloc (None: nothing)
         if self.towers == "threads":
             self.tower_devices = _towers.tower_devices(devices)
@@ -74,7 +75,7 @@ class MirroredStrategy(Strategy):
             self.towers_per_process = n
             self.env, self.backend, self._owns_group, self._heartbeat = env, None, False, None
             if threads_per_tower is None and not env.threads_set_by_user:
-                threads_per_tower = _towers.default_threads_per_tower(n)
+                threads_per_tower = default_threads_per_tower(n)
             if threads_per_tower is not None:
                 torch.set_num_threads(threads_per_tower)  # this thread runs tower 0 (and the optimizer step)
             self._threads_per_tower = threads_per_tower
@@ -162,13 +163,18 @@ class MirroredStrategy(Strategy):
         )
         self._owns_group = True
 
+    def _update_threads(self):
+        if self._tower_pool is None:
+            return super()._update_threads()
+        return self._tower_pool.all_threads()  # the towers wait for the next forward: the update gets their cores
+
     # ---- model
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.towers == "threads":
             if self._tower_pool is None:
                 if self.env.towers_allocator == "keep":
                     self.host_memory = _host_memory.keep_freed_memory()
-                self._tower_pool = _towers.TowerPool(len(self.tower_devices), self._threads_per_tower)
+                self._tower_pool = TowerPool(len(self.tower_devices), self._threads_per_tower)
             return _towers.TowerModule(model, self._tower_pool)
         if not self.env.is_distributed:
             return model

@@ -20,10 +20,7 @@ devices (towers on GPUs are not built). Measured: docs/benchmarks.md, "Towers in
 
 from __future__ import annotations
 
-import os
-import queue
 import threading
-from concurrent.futures import Future
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -33,6 +30,7 @@ from torch.autograd.function import once_differentiable
 from towerflow.devices import logical as _logical
 from towerflow.errors import StrategyError
 from towerflow.strategies._devices import resolve_device
+from towerflow.strategies.tower_pool import TowerPool
 
 TOWERS = ("threads", "processes")
 
@@ -81,85 +79,6 @@ def tower_devices(devices: Optional[Sequence[str]]) -> List[str]:
     if len(set(names)) != len(names):
         raise StrategyError(f"devices={list(devices)!r} names a device twice: list each tower's device once")
     return names
-
-
-def default_threads_per_tower(num_towers: int) -> int:
-    """The host's cores split among the towers (at least one thread each)."""
-    return max(1, (os.cpu_count() or 1) // num_towers)
-
-
-# ---------------------------------------------------------------- the towers' threads
-class TowerPool:
-    """Tower 0 runs in the calling thread, tower i > 0 always in thread i; each with its own torch thread count."""
-
-    def __init__(self, num_towers: int, threads_per_tower: Optional[int]):
-        self.num_towers = num_towers
-        self.threads_per_tower = threads_per_tower
-        self._inboxes: List[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_towers - 1)]
-        main_threads = torch.get_num_threads()
-        ready = threading.Barrier(num_towers)
-        self._threads = [threading.Thread(target=self._serve, args=(i, threads_per_tower, ready), daemon=True,
-                                          name=f"towerflow-tower-{i}") for i in range(1, num_towers)]
-        for t in self._threads:
-            t.start()
-        ready.wait()
-        # torch.set_num_threads in a tower's thread also becomes the count new threads start with:
-        # give this thread's count back to the process (this thread's own count is unchanged).
-        torch.set_num_threads(main_threads)
-        self._closed = False
-
-    def _serve(self, index: int, threads: Optional[int], ready: threading.Barrier) -> None:
-        torch.get_num_threads()  # torch sets a thread's count from the process's on first use: do that first
-        if threads is not None:
-            torch.set_num_threads(threads)
-        ready.wait()
-        inbox = self._inboxes[index - 1]
-        while True:
-            job = inbox.get()
-            if job is None:
-                return
-            fn, future = job
-            try:
-                future.set_result(fn(index))
-            except BaseException as e:  # handed to the caller, which re-raises it
-                future.set_exception(e)
-
-    def _in_caller(self, fn: Callable[[int], Any]) -> Any:
-        before = torch.get_num_threads()
-        if self.threads_per_tower is None or self.threads_per_tower == before:
-            return fn(0)
-        torch.set_num_threads(self.threads_per_tower)
-        try:
-            return fn(0)
-        finally:
-            torch.set_num_threads(before)
-
-    def run(self, fn: Callable[[int], Any], count: Optional[int] = None) -> List[Any]:
-        """[fn(0), ..., fn(count - 1)], fn(i) in tower i's thread, all at once; the first tower's error is raised."""
-        if self._closed:
-            raise StrategyError("the towers' threads are closed (strategy.shutdown() ran): set up the model again")
-        futures = [Future() for _ in range((count if count is not None else self.num_towers) - 1)]
-        for inbox, future in zip(self._inboxes, futures):
-            inbox.put((fn, future))
-        first, errors = None, [None]
-        try:
-            first = self._in_caller(fn)
-        except BaseException as e:
-            errors[0] = e
-        errors += [f.exception() for f in futures]  # waits for every tower, so none is left running
-        for i, error in enumerate(errors):
-            if error is not None:
-                if hasattr(error, "add_note"):
-                    error.add_note(f"(raised in tower {i} of {self.num_towers})")
-                raise error
-        return [first, *(f.result() for f in futures)]
-
-    def close(self) -> None:
-        for inbox in self._inboxes:
-            inbox.put(None)
-        for t in self._threads:
-            t.join(timeout=30)
-        self._threads, self._closed = [], True
 
 
 # ---------------------------------------------------------------- nested tensors (args, outputs)
@@ -395,4 +314,7 @@ class _TowersFunction(torch.autograd.Function):
                 continue
             shapes = [(stop - start, *x.shape[1:]) for start, stop in call.bounds]
             inputs.append(torch.cat([p if p is not None else x.new_zeros(s) for p, s in zip(parts, shapes)]))
-        return (None, *summed, *inputs)
+        grads = (None, *summed, *inputs)
+        per_tower.clear()  # the returned tuple holds the only references: AccumulateGrad takes the sums as .grad
+        summed.clear()
+        return grads
