@@ -99,19 +99,3 @@ def _group_the_host_tests(items) -> None:
     for item in items:
         if Path(str(item.fspath)).parent.name in _HOSTS_GROUP_DIRS:
             item.add_marker(pytest.mark.xdist_group("hosts"))
-    _longest_first(items)
-
-
-def _longest_first(items) -> None:
-    """The long work first: the hosts' group, then the modules that start processes, then the in-process
-    tests, which fill the end on whichever worker is free (xdist hands work out in collection order).
-    A module keeps its tests together (its module-scoped fixtures are set up once)."""
-    def rank(item) -> int:
-        if Path(str(item.fspath)).parent.name in _HOSTS_GROUP_DIRS:
-            return 0
-        return 1 if item.get_closest_marker("multiprocess") else 2
-
-    module_rank: dict = {}
-    for item in items:
-        module_rank[item.fspath] = min(module_rank.get(item.fspath, 2), rank(item))
-    items.sort(key=lambda item: module_rank[item.fspath])

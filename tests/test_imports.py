@@ -7,7 +7,7 @@ import subprocess
 import sys
 import pytest
 
-pytestmark = pytest.mark.multiprocess  # starts processes (tests/conftest.py runs these first)
+pytestmark = pytest.mark.multiprocess  # starts processes
 
 
 def _python(code: str) -> str:

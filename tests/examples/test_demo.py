@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.multiprocess  # starts processes (tests/conftest.py runs these first)
+pytestmark = pytest.mark.multiprocess  # starts processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

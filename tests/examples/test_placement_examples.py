@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.multiprocess  # starts processes (tests/conftest.py runs these first)
+pytestmark = pytest.mark.multiprocess  # starts processes
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"

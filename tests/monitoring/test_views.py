@@ -15,7 +15,7 @@ from towerflow.monitoring.plots import Panel, ema, spans_decades
 from towerflow.monitoring.runstate import run_state
 from towerflow.session import MonitoredTrainingSession, StopAtStepHook
 
-pytestmark = pytest.mark.multiprocess  # starts processes (tests/conftest.py runs these first)
+pytestmark = pytest.mark.multiprocess  # starts processes
 
 
 class _Clock:
