@@ -23,7 +23,7 @@ demo: $(DEMO_STAMP)
 # The checks first (seconds): the layer contract of pyproject.toml, then ruff; then every test, on
 # TEST_WORKERS pytest-xdist workers (the tests of the namespace hosts and the real schedulers stay
 # on one of them: tests/conftest.py). The suite's processes spend most of it starting torch, so
-# two workers keep two cores busy; launches hold their ports until they end (launch/ports.py), so
+# two workers keep two cores busy; launches hold their ports until they end (cluster/ports.py), so
 # the workers' clusters do not take each other's. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: $(DEV_STAMP)

@@ -84,7 +84,7 @@ def _latencies(store, seconds: float, key: str = "coordinator") -> List[float]:
 
 def one_run(n: int, src: str, args, tmp: Path) -> dict:
     from towerflow.cluster import transport
-    from towerflow.launch.ports import LOOPBACK, PortReservation
+    from towerflow.cluster.ports import LOOPBACK, PortReservation
 
     held = PortReservation(n + 1)  # closed when this run returns
     ports = held.ports

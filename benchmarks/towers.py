@@ -85,7 +85,7 @@ def _one_process(name, data, threads, strategy=None):
 
 
 def _launch_ddp(name, batch_size, warmup, timeout):
-    from towerflow.launch.ports import PortReservation
+    from towerflow.cluster.ports import PortReservation
 
     port = PortReservation(1).ports[0]  # released at once: the store below binds it next
     store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=timeout))

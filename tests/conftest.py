@@ -42,9 +42,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def free_ports():
-    """n free loopback ports, held (launch/ports.py) until the test ends: the test's processes can bind them,
+    """n free loopback ports, held (cluster/ports.py) until the test ends: the test's processes can bind them,
     another test's cluster or an outgoing connection cannot take them in between."""
-    from towerflow.launch.ports import PortReservation
+    from towerflow.cluster.ports import PortReservation
 
     held = []
 

@@ -13,7 +13,7 @@ import towerflow
 from towerflow.devices.logical import set_local_task
 from _cluster_procs import Procs, wait_until
 
-from towerflow.launch.ports import PortReservation
+from towerflow.cluster.ports import PortReservation
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 

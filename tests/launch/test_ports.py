@@ -9,7 +9,7 @@ import pytest
 
 from towerflow.cluster import transport
 from towerflow.launch.local import plan_local
-from towerflow.launch.ports import LOOPBACK, PortReservation
+from towerflow.cluster.ports import LOOPBACK, PortReservation
 
 
 def _plain_bind_refused(port: int) -> bool:

@@ -13,7 +13,7 @@ import pytest
 
 from towerflow import taskenv
 from towerflow.cli import main
-from towerflow.cluster import addresses, gather
+from towerflow.cluster import addresses, gather, transport
 from towerflow.cluster.environment import read_task
 from towerflow.cluster.schedulers import Resolved, resolve
 from towerflow.errors import ClusterTimeoutError
@@ -154,6 +154,16 @@ def test_addresses_are_gathered_at_the_rendezvous(free_ports):
     clusters = {json.dumps(r.cluster, sort_keys=True) for r in out.values()}
     assert clusters == {json.dumps({"ps": ["127.0.0.1:31000"], "worker": ["127.0.0.1:31001", "127.0.0.1:31002"]},
                                    sort_keys=True)}
+
+
+def test_a_rank_without_a_port_gets_one_that_stays_its_own(free_ports):
+    """The others learn the port at the rendezvous; the task binds it later: meanwhile nothing else may take it."""
+    got = gather.complete(_slot(0, 1, None, f"127.0.0.1:{free_ports(1)[0]}"), 20)
+    port = got.port
+    assert got.cluster["ps"][0].endswith(f":{port}"), got.cluster
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))  # another program asking for this port is refused
+    transport.listen("127.0.0.1", port).close()  # the task itself can listen on it
 
 
 def test_a_rank_that_never_comes_is_named(free_ports):

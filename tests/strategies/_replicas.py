@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
-from towerflow.launch.ports import PortReservation
+from towerflow.cluster.ports import PortReservation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import socket
 import time
 from typing import TYPE_CHECKING, List, Mapping, Optional
 
 from towerflow.cluster import addresses as _addresses
+from towerflow.cluster.ports import PortReservation
 from towerflow.cluster.schedulers.base import Resolved
 from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.errors import ClusterTimeoutError, SchedulerError
@@ -108,7 +108,10 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+_HELD: List[PortReservation] = []  # this process's own ports, held for its life (cluster/ports.py)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    """A port for this rank, held until the process ends: the others learn it now, the task binds it later."""
+    _HELD.append(PortReservation(1, host="0.0.0.0"))
+    return _HELD[-1].ports[0]

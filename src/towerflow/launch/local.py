@@ -19,7 +19,7 @@ from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import DeviceSpecError, LaunchError
 from towerflow.launch import environment as _env
-from towerflow.launch.ports import LOOPBACK, PortReservation
+from towerflow.cluster.ports import LOOPBACK, PortReservation
 from towerflow.launch.supervisor import TaskProcessSpec
 
 MASTER_PORT_OFFSET = 10000  # multi-host: the replicas' process group meets at the first replica's port + this
@@ -35,7 +35,7 @@ class LaunchPlan:
     store_address: Optional[str] = None  # the launcher hosts the rendezvous store here (local clusters)
     token: Optional[str] = None
     restart_scope: str = "task"  # "group" for all-reduce replicas: one lost replica restarts them all
-    ports: Optional[PortReservation] = None  # a local cluster's ports, held until the launch ends (launch/ports.py)
+    ports: Optional[PortReservation] = None  # a local cluster's ports, held until the launch ends (cluster/ports.py)
 
     def release(self) -> None:
         if self.ports is not None:
