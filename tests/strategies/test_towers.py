@@ -37,6 +37,7 @@ def _cpus(n):
 @pytest.fixture
 def towers():
     made = []
+    threads = torch.get_num_threads()  # strategies and tests here set this thread's count: given back below
 
     def make(n=2, **options):
         made.append(towerflow.MirroredStrategy(devices=_cpus(n), **options))
@@ -45,6 +46,7 @@ def towers():
     yield make
     for s in made:
         s.shutdown()
+    torch.set_num_threads(threads)
     assert not [t for t in threading.enumerate() if t.name.startswith("towerflow-tower")], "tower threads leaked"
 
 
@@ -132,8 +134,8 @@ def test_towers_run_in_their_threads_with_their_thread_count(towers):
             seen.append((threading.current_thread().name, torch.get_num_threads()))
             return super().forward(x)
 
-    before = torch.get_num_threads()
     model, _ = towers(2, threads_per_tower=1).setup(Probe(3, 2))
+    before = torch.get_num_threads()  # the strategy sets the calling thread's count to the towers' own
     model(torch.randn(4, 3)).sum().backward()
     # tower 0 in the calling thread (with the towers' count while it runs), tower 1 in its own
     assert sorted(seen) == sorted([(threading.current_thread().name, 1), ("towerflow-tower-1", 1)])
@@ -154,6 +156,18 @@ def test_the_optimizer_update_runs_on_every_tower_s_threads_and_gives_them_back(
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
     assert counts == [2] and torch.get_num_threads() == 1  # the towers' cores for the update, then as before
+
+
+def test_omp_num_threads_set_leaves_the_update_s_thread_count_alone(towers, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    model = nn.Linear(3, 2)
+    seen = []
+    model, opt = towers(2).setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    opt.optimizer.register_step_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    assert seen == [1]
 
 
 def test_the_summed_gradients_become_grad_without_a_copy(towers):

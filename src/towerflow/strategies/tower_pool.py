@@ -77,8 +77,8 @@ class TowerPool:
         """The calling thread with every tower's torch threads, for work between steps (the optimizer's update):
         its elementwise ops then split over the cores the towers use, which sit idle meanwhile."""
         before = torch.get_num_threads()
-        total = self.num_towers * (self.threads_per_tower or before)
-        if total == before:
+        total = self.num_towers * (self.threads_per_tower or 0)  # None: OMP_NUM_THREADS set, counts left alone
+        if not total or total == before:
             yield
             return
         torch.set_num_threads(total)
