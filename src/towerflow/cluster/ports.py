@@ -1,11 +1,12 @@
-"""Free ports held for a launch's tasks until the launch ends.
+"""Free ports held from the moment they are chosen until the tasks that listen on them are done.
 
 A port chosen free and released at once can be taken before the task that was meant to listen on
 it binds it: by another launch choosing free ports at the same moment, or by any outgoing
 connection of the machine, whose source port the kernel draws from the same range. Two launches
 on one machine (or two test workers) then fail with "address already in use".
 
-So the launcher keeps one bound socket per port for the whole run. The socket is bound without
+So the launcher keeps one bound socket per port for the whole run (a scheduler rank that picks
+its own port, for the life of its process). The socket is bound without
 SO_REUSEADDR (the kernel gives it a port nobody else holds) and then marked SO_REUSEADDR without
 ever listening: Linux then lets a task bind and listen on the same port as long as the task sets
 SO_REUSEADDR too, which every listener a task starts does (c10d's TCPStore, TensorPipe and gloo

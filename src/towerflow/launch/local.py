@@ -15,11 +15,11 @@ import sys
 from typing import List, Optional, Sequence
 
 from towerflow.cluster import addresses as _addresses
+from towerflow.cluster.ports import LOOPBACK, PortReservation
 from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import DeviceSpecError, LaunchError
 from towerflow.launch import environment as _env
-from towerflow.cluster.ports import LOOPBACK, PortReservation
 from towerflow.launch.supervisor import TaskProcessSpec
 
 MASTER_PORT_OFFSET = 10000  # multi-host: the replicas' process group meets at the first replica's port + this
@@ -125,17 +125,18 @@ def plan_local(
     counts = {"chief": int(chief), "worker": n_workers, "ps": ps}
     reservation = PortReservation(sum(counts.values()) + 2)
     try:
-        return _local_plan(counts, list(reservation.ports), device_list, script_argv, ps_argv, logdir, token, reservation)
+        return _local_plan(counts, reservation, device_list, script_argv, ps_argv, logdir, token)
     except BaseException:
         reservation.release()
         raise
 
 
 def _local_plan(
-    counts: dict, ports: List[int], device_list: List[Optional[str]], script_argv: List[str],
-    ps_argv: Optional[Sequence[str]], logdir: Optional[str], token: Optional[str], reservation: PortReservation,
+    counts: dict, reservation: PortReservation, device_list: List[Optional[str]], script_argv: List[str],
+    ps_argv: Optional[Sequence[str]], logdir: Optional[str], token: Optional[str],
 ) -> LaunchPlan:
     """The plan over ports already held: chief, workers, ps in order, then the store's and the replicas' port."""
+    ports = list(reservation.ports)
     master_port = ports.pop()
     store_address = f"{LOOPBACK}:{ports.pop()}"
     cluster = ClusterSpec({job: [f"{LOOPBACK}:{ports.pop(0)}" for _ in range(n)] for job, n in counts.items() if n})
