@@ -24,6 +24,20 @@ def default_threads_per_tower(num_towers: int) -> int:
     return max(1, (os.cpu_count() or 1) // num_towers)
 
 
+@contextlib.contextmanager
+def _torch_threads(count: Optional[int]) -> Iterator[None]:
+    """This thread at `count` torch threads for the block, then back (None: as it is)."""
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class TowerPool:
     """Tower 0 runs in the calling thread, tower i > 0 always in thread i; each with its own torch thread count."""
 
@@ -63,29 +77,14 @@ class TowerPool:
             job = fn = future = None
 
     def _in_caller(self, fn: Callable[[int], Any]) -> Any:
-        before = torch.get_num_threads()
-        if self.threads_per_tower is None or self.threads_per_tower == before:
+        with _torch_threads(self.threads_per_tower):
             return fn(0)
-        torch.set_num_threads(self.threads_per_tower)
-        try:
-            return fn(0)
-        finally:
-            torch.set_num_threads(before)
 
-    @contextlib.contextmanager
-    def all_threads(self) -> Iterator[None]:
+    def all_threads(self) -> contextlib.AbstractContextManager:
         """The calling thread with every tower's torch threads, for work between steps (the optimizer's update):
         its elementwise ops then split over the cores the towers use, which sit idle meanwhile."""
-        before = torch.get_num_threads()
-        total = self.num_towers * (self.threads_per_tower or 0)  # None: OMP_NUM_THREADS set, counts left alone
-        if not total or total == before:
-            yield
-            return
-        torch.set_num_threads(total)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
+        # threads_per_tower None: OMP_NUM_THREADS is set and the counts are left alone
+        return _torch_threads(self.num_towers * self.threads_per_tower if self.threads_per_tower else None)
 
     def run(self, fn: Callable[[int], Any], count: Optional[int] = None) -> List[Any]:
         """[fn(0), ..., fn(count - 1)], fn(i) in tower i's thread, all at once; the first tower's error is raised."""
