@@ -83,9 +83,14 @@ def test_a_wrong_data_folder_under_all_reduce_is_reported_once(launcher):
     assert m, p.describe()
     other = 1 - int(m.group(1))
     assert err.count("Traceback (most recent call last)") == 1, p.describe()
-    assert err.count("DataError: --data '/nonexistent' is not a folder") == 3, p.describe()  # both tasks' lines + the verdict
+    # the other task meets the same error unless the launcher stopped it first (still starting, on a loaded machine)
     also = rf"^towerflow launch: /job:worker/task:{other} also failed on its own \([^)]*\): the same error$"
-    assert re.search(also, err, re.M), p.describe()
+    stopped = rf"^towerflow launch: stopped the other 1 running task\(s\): /job:worker/task:{other}\.$"
+    if re.search(also, err, re.M):
+        assert err.count("DataError: --data '/nonexistent' is not a folder") == 3, p.describe()  # both tasks + verdict
+    else:
+        assert re.search(stopped, err, re.M), p.describe()
+        assert err.count("DataError: --data '/nonexistent' is not a folder") == 2, p.describe()  # its line + verdict
     assert "Last lines of its stderr" not in err
 
 
