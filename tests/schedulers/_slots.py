@@ -42,9 +42,17 @@ def accuracy(text: str) -> float:
 
 
 def cluster_jsons(stdout: str) -> List[dict]:
-    """`towerflow cluster --json` from every rank: one JSON object per line (the ranks' lines may come in any order)."""
-    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
-    return sorted((json.loads(line) for line in lines), key=lambda o: o["rank"])
+    """`towerflow cluster --json` from every rank: one JSON object per rank, in any order. Read as a stream of
+    objects, not of lines: mpirun forwards each rank's line whole but sometimes puts the next rank's before its
+    newline (two objects on one line, seen on CI)."""
+    decoder, objects, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(stdout) and stdout[at].isspace():
+            at += 1
+        if at == len(stdout):
+            return sorted(objects, key=lambda o: o["rank"])
+        obj, at = decoder.raw_decode(stdout, at)
+        objects.append(obj)
 
 
 def free_port() -> int:
