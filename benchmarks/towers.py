@@ -17,7 +17,12 @@ plain-1t and to plain-2t, and CPU milliseconds per sample (all threads; both pro
 the work a variant spends, which a shared machine's load changes far less than the wall clock. Models: `large` (784-4096-3328-10, 16.9M parameters, synthetic
 MNIST-shaped data; benchmarks/ps_bench.py's `large_mlp`) and `small` (64-256-256-10 on the 8x8 digits).
 
-    PYTHONPATH=src python benchmarks/towers.py [--models large small] [--rounds 7] [--json out.json]
+Two ways to compare, as scaling is measured: by default the one batch B is split between the towers
+(the same global batch: strong scaling); with --per-tower-batch each tower and each ddp replica takes a
+whole batch B (global 2B) while the one-process loops keep B, as TensorFlow's towers are fed (one
+batch per tower, the global batch = per-replica batch x replicas: weak scaling).
+
+    PYTHONPATH=src python benchmarks/towers.py [--models large small] [--rounds 7] [--per-tower-batch] [--json out.json]
 """
 
 from __future__ import annotations
@@ -121,18 +126,23 @@ def bench(name: str, args) -> dict:
     batch_size, chunk = DEFAULTS[name]
     batch_size = args.batch_size or batch_size
     chunk = args.chunk or chunk
-    data = batches(name, batch_size)
+    # the batch each variant's step takes: B everywhere, or with --per-tower-batch B per tower (2B for the
+    # towers and the ddp pair, B for the one-process loops: TensorFlow's towers, each fed its own batch)
+    per_step = {v: batch_size for v in ("plain-1t", "plain-2t", "towers", "towers-2t", "ddp")}
+    if args.per_tower_batch:
+        per_step.update({"towers": 2 * batch_size, "towers-2t": 2 * batch_size, "ddp": 2 * batch_size})
+    data = {b: batches(name, b) for b in set(per_step.values())}
     towers = towerflow.MirroredStrategy(devices=["/cpu:0", "/cpu:1"])
     towers_2t = towerflow.MirroredStrategy(devices=["/cpu:0", "/cpu:1"], threads_per_tower=2)
     runs = {
-        "plain-1t": _one_process(name, data, 1),
-        "plain-2t": _one_process(name, data, 2),
-        "towers": _one_process(name, data, 1, towers),
-        "towers-2t": _one_process(name, data, 2, towers_2t),
+        "plain-1t": _one_process(name, data[per_step["plain-1t"]], 1),
+        "plain-2t": _one_process(name, data[per_step["plain-2t"]], 2),
+        "towers": _one_process(name, data[per_step["towers"]], 1, towers),
+        "towers-2t": _one_process(name, data[per_step["towers-2t"]], 2, towers_2t),
     }
     for run in runs.values():
         run(args.warmup)
-    ddp_run, ddp_stop, ddp_threads = _launch_ddp(name, batch_size, args.warmup, args.timeout)
+    ddp_run, ddp_stop, ddp_threads = _launch_ddp(name, per_step["ddp"], args.warmup, args.timeout)
     names = [*runs, "ddp"]
     rates = {v: [] for v in names}
     cpu_ms = {v: [] for v in names}  # CPU milliseconds (all threads, both processes for ddp) per sample
@@ -144,22 +154,24 @@ def bench(name: str, args) -> dict:
                 else:
                     start, cpu0 = time.perf_counter(), time.process_time()
                     runs[v](chunk)
-                    rate, cpu = chunk * batch_size / (time.perf_counter() - start), time.process_time() - cpu0
+                    rate, cpu = chunk * per_step[v] / (time.perf_counter() - start), time.process_time() - cpu0
                 rates[v].append(rate)
-                cpu_ms[v].append(1000 * cpu / (chunk * batch_size))
+                cpu_ms[v].append(1000 * cpu / (chunk * per_step[v]))
             print(f"  {name} round {r}: " + ", ".join(f"{v} {rates[v][-1]:,.0f}" for v in names), flush=True)
     finally:
         ddp_stop()
         towers.shutdown()
         towers_2t.shutdown()
-    return {"batch_size": batch_size, "chunk_steps": chunk, "ddp_threads_per_replica": ddp_threads,
+    return {"batch_size": batch_size, "batch_per_step": per_step, "chunk_steps": chunk, "ddp_threads_per_replica": ddp_threads,
             "parameters": sum(p.numel() for p in build(name).parameters()), "samples_per_sec": rates,
             "cpu_ms_per_sample": cpu_ms}
 
 
 def summarize(name: str, result: dict) -> None:
     rates = result["samples_per_sec"]
-    print(f"\n{name}: {result['parameters']:,} parameters, batch {result['batch_size']}, "
+    batch = result["batch_per_step"]
+    print(f"\n{name}: {result['parameters']:,} parameters, batch per step "
+          + ", ".join(f"{v} {b}" for v, b in batch.items()) + ", "
           f"{len(rates['plain-1t'])} rounds of {result['chunk_steps']} steps per variant")
     print(f"{'variant':<10} {'samples/s':>10} {'x plain-1t':>11} {'x plain-2t':>11} {'CPU ms/sample':>14}   rounds")
     for v, rs in rates.items():
@@ -176,6 +188,9 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--chunk", type=int, default=None, help="steps per timed chunk (default: 3 large, 200 small)")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 large, 32 small")
+    p.add_argument("--per-tower-batch", action="store_true",
+                   help="each tower (and each ddp replica) takes a whole batch, as TensorFlow's towers do; "
+                        "default: the one batch is split between them")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--json", default=None, help="also write the raw numbers here")
