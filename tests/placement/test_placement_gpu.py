@@ -100,3 +100,41 @@ def test_visible_devices_after_cuda_started_is_refused():
     torch.zeros(1, device="cuda")
     with pytest.raises(towerflow.ConfigError, match="CUDA runtime already started"):
         towerflow.configure(visible_devices=[0])
+
+
+def test_a_fraction_of_0_4_stops_allocation_at_40_percent_of_the_card_as_nvml_sees_it():
+    """TF's per_process_gpu_memory_fraction=0.4: allocations stop at 40% of the card; NVML, not torch, measures it."""
+    pytest.importorskip("pynvml")
+    code = (
+        "import pynvml, torch, towerflow\n"
+        "pynvml.nvmlInit()\n"
+        "handle = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+        "before = pynvml.nvmlDeviceGetMemoryInfo(handle).used\n"
+        "towerflow.configure(gpu_memory_fraction=0.4)\n"
+        "total = torch.cuda.get_device_properties(0).total_memory\n"
+        "held = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        held.append(torch.empty(256 << 20, dtype=torch.uint8, device='cuda'))\n"
+        "except torch.cuda.OutOfMemoryError:\n"
+        "    pass\n"
+        "torch.cuda.synchronize()\n"
+        "after = pynvml.nvmlDeviceGetMemoryInfo(handle).used\n"
+        "print(len(held) * (256 << 20) / total, (after - before) / total)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    allocated, seen_by_nvml = map(float, out.stdout.split())
+    assert 0.38 <= allocated <= 0.40  # stopped at the cap, within one 256 MiB block
+    assert seen_by_nvml <= 0.40 + 0.02  # the card's own count: the cap plus the CUDA context (~0.5 GiB)
+
+
+def test_hiding_every_gpu_leaves_the_cpu_alone():
+    code = (
+        "import towerflow\n"
+        "towerflow.configure(visible_devices=[])\n"
+        "print(','.join(d.device_type for d in towerflow.list_devices()), towerflow.is_gpu_available())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["CPU", "False"]

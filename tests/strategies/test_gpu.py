@@ -61,3 +61,12 @@ def test_two_replicas_on_gpus_converge():
     script = os.path.join(REPO, "examples", "mnist_sync.py")
     results = run_replicas([script, "--steps", "300"], 2, timeout=150)
     assert "test accuracy: 0.9" in results[0].stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_the_seed_towers_example_trains_as_two_replicas_of_one_gpu():
+    """Seed 001's CIFAR-10 towers (examples/cifar10_towers.py), two replicas: two GPUs, or two logical ones of one."""
+    script = os.path.join(REPO, "examples", "cifar10_towers.py")
+    results = run_replicas([script, "--steps", "30", "--batch-size", "64"], 2, timeout=150)
+    assert "test accuracy: " in results[0].stdout and "replica 0 of 2" in results[0].stdout

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Everything issue 19 asks of a GPU machine, in parts that each fit one 10-minute device command.
+# Run from the repository root on the GPU machine (its python3 has CUDA PyTorch; towerflow runs
+# from the working tree, never installed). Results go under $OUT (default ./gpu-results).
+#
+#   bash benchmarks/gpu_session.sh tests    # the gpu-marked tests, verbose, with skip reasons
+#   bash benchmarks/gpu_session.sh suite    # the whole suite, gpu tests included, 8 workers
+#   bash benchmarks/gpu_session.sh bench    # training vs plain PyTorch, prefetch, smi vs nvidia-smi, Pi, ps on GPU
+#   bash benchmarks/gpu_session.sh all      # the three in turn (over 10 minutes: not for one device command)
+#
+# The MNIST tests and the ps run need the digits at ../shared/data/mnist-t10k; MNIST_DIR=DIR points
+# elsewhere and is copied there (the device tool carries an ignored folder of the checkout, not ../shared).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+if [ -n "${MNIST_DIR:-}" ] && [ ! -d ../shared/data/mnist-t10k ]; then
+    mkdir -p ../shared/data && cp -r "$MNIST_DIR" ../shared/data/mnist-t10k
+fi
+
+environment() {
+    { date -u; nvidia-smi; $PY -c 'import torch, sys; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda,
+"gpus", torch.cuda.device_count(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'; nproc; free -g; } \
+        > "$OUT/environment.txt" 2>&1
+}
+
+tests() {
+    $PY -m pytest -m gpu -v -rs -p no:cacheprovider --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log"
+}
+
+suite() {
+    $PY -m pytest -q -rs -p no:cacheprovider -n 8 --dist loadgroup --durations=20 tests 2>&1 | tee "$OUT/suite.log"
+}
+
+bench() {
+    {
+        echo "== training on one GPU against plain PyTorch (items 3, 4)"
+        $PY benchmarks/gpu_train.py --json "$OUT/gpu_train.json"
+        echo "== towerflow smi against nvidia-smi (item 6)"
+        $PY benchmarks/gpu_smi.py --json "$OUT/gpu_smi.json"
+        echo "== GPU memory options (item 2): examples/gpu_memory.py"
+        $PY examples/gpu_memory.py --fraction 0.4
+        $PY examples/gpu_memory.py --fraction 0.2 --no-growth
+        echo "== Pi (item 7): the GPU, then the CPU split in four logical devices"
+        $PY examples/pi_multi_device.py --samples 20000000      # warms CUDA up
+        $PY examples/pi_multi_device.py --samples 400000000
+        CUDA_VISIBLE_DEVICES= $PY examples/pi_multi_device.py --samples 40000000
+        if [ -d ../shared/data/mnist-t10k ]; then
+            echo "== ps: 1 ps + 2 workers on the GPU, then the same on the CPU (item 5)"
+            $PY -m towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --steps 2000
+            CUDA_VISIBLE_DEVICES= $PY -m towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --steps 2000
+        else
+            echo "== ps: skipped, no ../shared/data/mnist-t10k (set MNIST_DIR)"
+        fi
+    } 2>&1 | tee "$OUT/bench.log"
+}
+
+environment
+case "${1:-all}" in
+    tests) tests ;;
+    suite) suite ;;
+    bench) bench ;;
+    all) tests; suite; bench ;;
+    *) echo "usage: $0 tests|suite|bench|all" >&2; exit 2 ;;
+esac
