@@ -13,6 +13,13 @@ from towerflow import PlacementError
 pytestmark = pytest.mark.gpu
 
 
+def _fresh_python(code: str, timeout: float = 120) -> str:
+    """stdout of `code` run in a new interpreter: options that must come before CUDA starts get a fresh process."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_gpu_is_listed_with_its_properties():
     gpu = [d for d in towerflow.list_devices() if d.device_type == "GPU"][0]
     assert gpu.name == "/job:localhost/replica:0/task:0/device:GPU:0"
@@ -91,9 +98,7 @@ def test_allow_growth_false_reserves_up_front():
         "total = torch.cuda.get_device_properties(0).total_memory\n"
         "print(torch.cuda.memory_reserved(0) / total)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert 0.1 < float(out.stdout.strip()) <= 0.2
+    assert 0.1 < float(_fresh_python(code).strip()) <= 0.2
 
 
 def test_visible_devices_after_cuda_started_is_refused():
@@ -122,9 +127,7 @@ def test_a_fraction_of_0_4_stops_allocation_at_40_percent_of_the_card_as_nvml_se
         "after = pynvml.nvmlDeviceGetMemoryInfo(handle).used\n"
         "print(len(held) * (256 << 20) / total, (after - before) / total)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr
-    allocated, seen_by_nvml = map(float, out.stdout.split())
+    allocated, seen_by_nvml = map(float, _fresh_python(code, timeout=180).split())
     assert 0.38 <= allocated <= 0.40  # stopped at the cap, within one 256 MiB block
     assert seen_by_nvml <= 0.40 + 0.02  # the card's own count: the cap plus the CUDA context (~0.5 GiB)
 
@@ -135,6 +138,4 @@ def test_hiding_every_gpu_leaves_the_cpu_alone():
         "towerflow.configure(visible_devices=[])\n"
         "print(','.join(d.device_type for d in towerflow.list_devices()), towerflow.is_gpu_available())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["CPU", "False"]
+    assert _fresh_python(code).split() == ["CPU", "False"]
