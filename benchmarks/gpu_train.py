@@ -220,9 +220,11 @@ def main(argv=None) -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)  # DDP's device_ids wants an index
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU here. Run on a GPU machine, or --device cpu for a smoke run")
-    args.device_name = "/gpu:0" if device.type == "cuda" else "/cpu:0"
+    args.device_name = f"/gpu:{device.index}" if device.type == "cuda" else "/cpu:0"
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "no GPU"
     print(f"torch {torch.__version__}, {gpu}, {os.cpu_count()} CPUs", flush=True)
     results = {"torch": torch.__version__, "gpu": gpu}
