@@ -54,6 +54,9 @@ bench() {
         else
             echo "== ps: skipped, no ../shared/data/mnist-t10k (set MNIST_DIR)"
         fi
+        echo "== ps with sparse embedding tables: 2 ps + 2 workers, GPU workers then CPU workers (item 5)"
+        $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 300
+        CUDA_VISIBLE_DEVICES= $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 300
     } 2>&1 | tee "$OUT/bench.log"
 }
 
