@@ -1,6 +1,8 @@
 import os
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 import towerflow
 from towerflow import Config, ConfigError
@@ -111,6 +113,24 @@ def test_memory_cap_takes_the_tightest_option():
     split = Config(logical_devices={"GPU:0": [1024, 1024]})
     assert gpu_memory._memory_cap(split, 0, total) == 2048 << 20
     assert gpu_memory._memory_cap(Config(), 0, total) is None
+
+
+def test_a_replica_on_one_logical_gpu_is_capped_at_that_device_s_limit(monkeypatch):
+    from towerflow.devices.logical import _split
+    from towerflow.devices.physical import PhysicalDevice
+
+    card = PhysicalDevice("GPU", 0, "cuda:0", "a GPU of 80 GiB", memory_bytes=80 << 30)
+    small, large = _split([card], {"GPU:0": [2048, 6144]})
+    fractions = {}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=80 << 30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: fractions.update({index: f}))
+    assert gpu_memory.confine_to(large) == 6144 << 20 and fractions == {0: (6144 << 20) / (80 << 30)}
+    assert gpu_memory.confine_to(small) == 2048 << 20 and fractions == {0: (2048 << 20) / (80 << 30)}
+    whole = _split([card], {})[0]
+    fractions.clear()
+    assert gpu_memory.confine_to(whole) is None and not fractions  # an unsplit GPU: the process's own options rule
+    towerflow.configure(gpu_memory_fraction=0.05)  # 4 GiB of the card: tighter than the logical device's 6 GiB
+    assert gpu_memory.confine_to(large) == int(0.05 * (80 << 30))
 
 
 def test_gpu_memory_options_on_a_cpu_machine_are_accepted(caplog):

@@ -70,3 +70,26 @@ def test_the_seed_towers_example_trains_as_two_replicas_of_one_gpu():
     script = os.path.join(REPO, "examples", "cifar10_towers.py")
     results = run_replicas([script, "--steps", "30", "--batch-size", "64"], 2, timeout=150)
     assert "test accuracy: " in results[0].stdout and "replica 0 of 2" in results[0].stdout
+
+
+_LOGICAL_CAP = """
+import torch, towerflow
+towerflow.configure(logical_devices={"GPU:0": [2048, 6144]})
+strategy = towerflow.MirroredStrategy()
+try:
+    torch.empty(4 << 30, dtype=torch.uint8, device=strategy.device)
+    fits = "fits"
+except torch.cuda.OutOfMemoryError:
+    fits = "refused"
+print(strategy.device_name.rsplit("/", 1)[-1], strategy.memory_cap >> 20, fits, flush=True)
+strategy.shutdown()
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_two_replicas_on_logical_gpus_of_one_card_each_get_their_own_memory_limit(tmp_path):
+    script = tmp_path / "logical_cap.py"
+    script.write_text(_LOGICAL_CAP)
+    results = run_replicas([str(script)], 2, timeout=150)
+    assert [r.stdout.split() for r in results] == [["device:GPU:0", "2048", "refused"], ["device:GPU:1", "6144", "fits"]]

@@ -92,6 +92,24 @@ def _apply(old: _config.Config, new: _config.Config) -> None:
         _reserve(index, None if new.allow_growth else (cap or total))
 
 
+def confine_to(device) -> Optional[int]:
+    """Cap this process at logical GPU `device`'s memory limit; the cap in bytes, or None when it has none.
+
+    For a replica process that trains on one logical device of a split GPU: torch has one allocator
+    per physical GPU, so TF's per-logical-device limit becomes this process's cap on the card (the
+    other logical devices are other processes'). A process that uses several logical devices of one
+    GPU keeps the card-wide cap, the sum of their limits (`_memory_cap`).
+    """
+    if device.device_type != "GPU" or not device.is_split or not device.memory_limit_bytes:
+        return None
+    index = device.torch_device.index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    cap = min(device.memory_limit_bytes, _memory_cap(_config.current(), index, total) or total)
+    torch.cuda.set_per_process_memory_fraction(cap / total, index)
+    log.info("this process is capped at %d MiB on GPU:%d, the limit of %s", cap >> 20, index, device.short_name)
+    return cap
+
+
 def _reserve(index: int, nbytes: Optional[int]) -> None:
     """Hold `nbytes` in the caching allocator (TF's grab-it-all), or give a previous hold back."""
     if index in _reserved:

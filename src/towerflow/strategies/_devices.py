@@ -6,6 +6,7 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from towerflow.devices import gpu_memory as _gpu_memory
 from towerflow.devices import logical as _logical
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import DeviceSpecError, StrategyError
@@ -62,3 +63,9 @@ def replica_device(local_rank: int, local_replicas: int, devices: Optional[Seque
     if gpus:
         return resolve_device(f"/gpu:{local_rank % len(gpus)}")
     return resolve_device(f"/cpu:{local_rank}")
+
+
+def confine_replica_memory(device_name: str) -> Optional[int]:
+    """A replica process on one logical device of a split GPU gets that device's memory limit as its cap."""
+    found = next((d for d in _logical.table().devices if d.name == device_name), None)
+    return _gpu_memory.confine_to(found) if found is not None else None

@@ -31,7 +31,7 @@ from towerflow.errors import StrategyError
 from towerflow.strategies import _host_memory
 from towerflow.strategies import towers as _towers
 from towerflow.strategies.tower_pool import TowerPool, default_threads_per_tower
-from towerflow.strategies._devices import replica_device
+from towerflow.strategies._devices import confine_replica_memory, replica_device
 from towerflow.strategies.base import Strategy
 from towerflow.strategies.replica_env import ReplicaEnv, read_env
 
@@ -85,8 +85,11 @@ class MirroredStrategy(Strategy):
         self.env = env
         self.bucket_cap_mb = bucket_cap_mb
         self.find_unused_parameters = find_unused_parameters
+        self.memory_cap: Optional[int] = None  # bytes: a replica on one logical device of a split GPU
         if device.type == "cuda":
             torch.cuda.set_device(device)
+            if env.local_world_size > 1:
+                self.memory_cap = confine_replica_memory(device_name)
         elif env.local_world_size > 1 and not env.threads_set_by_user:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))  # no oversubscription
         self.backend = backend or self._pick_backend(device, env)
