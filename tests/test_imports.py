@@ -51,3 +51,13 @@ def test_every_public_name_resolves():
                   "print(missing, set(towerflow.__all__) <= set(dir(towerflow)))\n"
                   "from towerflow import MirroredStrategy, remote, device\nprint(callable(remote), callable(device))")
     assert out.split("\n")[:2] == ["[] True", "True True"], out
+
+
+def test_subpackages_are_reached_through_the_package_name_alone():
+    out = _python("import sys, towerflow\n"
+                  "print('towerflow.ps' in sys.modules)\n"
+                  "print(type(towerflow.ps.SparseAdam(lr=0.1)).__name__, towerflow.training.save_metrics.__name__)\n"
+                  "print('ps' in dir(towerflow))\n"
+                  "try:\n    towerflow.nonexistent\nexcept AttributeError as e:\n    print(e)")
+    assert out.splitlines() == ["False", "SparseAdam save_metrics", "True",
+                                "module 'towerflow' has no attribute 'nonexistent'"], out

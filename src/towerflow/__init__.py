@@ -59,7 +59,9 @@ _LAZY = {
     **_lazy.names_from("towerflow.ps", ["Layout", "plan_layout"]),
     **_lazy.names_from("towerflow.training", ["Progress", "evaluate", "set_seed", "train_step"]),
 }
-__getattr__, __dir__ = _lazy.exports(__name__, _LAZY)
+# the subpackages a user reaches through the package's name (`towerflow.ps.SparseAdam`, `towerflow.training.save_metrics`)
+_SUBPACKAGES = ("cluster", "data", "devices", "monitoring", "placement", "ps", "session", "strategies", "training")
+__getattr__, __dir__ = _lazy.exports(__name__, _LAZY, _SUBPACKAGES)
 
 __all__ = [
     "Config", "ConfigError", "configure", "ClusterError", "ClusterJoinError", "ClusterSpecError",

@@ -18,10 +18,18 @@ def names_from(module: str, names: Iterable[str]) -> Dict[str, str]:
     return dict.fromkeys(names, module)
 
 
-def exports(package: str, table: Dict[str, str]) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
-    """`__getattr__` and `__dir__` for `package`, whose names `table` maps to the modules defining them."""
+def exports(package: str, table: Dict[str, str], subpackages: Iterable[str] = ()
+            ) -> Tuple[Callable[[str], Any], Callable[[], List[str]]]:
+    """`__getattr__` and `__dir__` for `package`, whose names `table` maps to the modules defining them.
+
+    `subpackages` are imported on first use too, so `import towerflow; towerflow.ps.SparseAdam` works
+    whether or not something imported `towerflow.ps` before (Python sets that attribute only then).
+    """
+    subpackages = frozenset(subpackages)
 
     def __getattr__(name: str) -> Any:
+        if name in subpackages:
+            return importlib.import_module(f"{package}.{name}")  # the import sets the attribute
         module = table.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
@@ -30,6 +38,6 @@ def exports(package: str, table: Dict[str, str]) -> Tuple[Callable[[str], Any], 
         return value
 
     def __dir__() -> List[str]:
-        return sorted(set(vars(sys.modules[package])) | set(table))
+        return sorted(set(vars(sys.modules[package])) | set(table) | subpackages)
 
     return __getattr__, __dir__

@@ -74,6 +74,15 @@ def test_prefetch_to_gpu_pins_copies_ahead_and_logs_bytes():
     assert towerflow.placement_log().summary().host_to_device_bytes == 4 * 256 * 256 * 4
 
 
+@pytest.mark.gpu
+def test_a_tensor_dataset_is_gathered_straight_into_pinned_memory_for_a_gpu():
+    data = TensorDataset(torch.arange(64.0).view(32, 2), torch.arange(32))
+    loader = towerflow.OneDeviceStrategy("/gpu:0").distribute_loader(data, batch_size=8, shuffle=False)
+    x, y = next(loader._host_batches(list(loader.sampler.batches())))
+    assert x.is_pinned() and y.is_pinned() and x[1].tolist() == [2.0, 3.0]
+    assert [b[1].tolist() for b in loader][0] == list(range(8))
+
+
 def test_an_iterable_dataset_is_refused_with_the_fix():
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):

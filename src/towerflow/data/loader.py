@@ -54,11 +54,18 @@ class DistributedLoader:
     def global_batch_size(self) -> int:
         return self.sampler.global_batch_size
 
+    def _gather(self, tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Rows `idx` of `tensor`; straight into pinned memory when batches go to a GPU (one host copy, not two)."""
+        if not self.pin_memory:
+            return tensor[idx]
+        out = torch.empty((len(idx), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
+        return torch.index_select(tensor, 0, idx, out=out)
+
     def _host_batches(self, plan: List[ShardBatch]) -> Iterator[Any]:
         if isinstance(self.dataset, TensorDataset) and self.num_workers == 0:
             for b in plan:
                 idx = torch.tensor(b.indices, dtype=torch.long)
-                yield tuple(t[idx] for t in self.dataset.tensors)
+                yield tuple(self._gather(t, idx) for t in self.dataset.tensors)
             return
         # DataLoader cannot collate an empty list: fetch one sample and cut it to zero rows.
         lists = [list(b.indices) or [0] for b in plan]
