@@ -200,6 +200,47 @@ def test_applying_to_ids_without_a_row_changes_nothing():
     assert 1 not in table and table.metrics() == {"rows": 0, "admitted": 1, "evicted": 1, "pending": 2}
 
 
+def test_with_forget_after_an_id_unseen_that_long_counts_its_sightings_from_one_again():
+    table = HashRows(2, SparseSGD(0.1), admit_after=2, forget_after=3)
+    table.read(IDS(5, 6), 0)
+    table.read(IDS(6), 3)  # 6's second sighting, 3 steps after its first: too late, it counts as a first
+    assert 6 not in table and table.metrics()["pending"] == 2
+    table.read(IDS(5), 2)  # 5's second, 2 steps after its first: admitted
+    table.read(IDS(6), 5)  # 6's second within 3 steps of the last: admitted
+    assert 5 in table and 6 in table and table.metrics() == {"rows": 2, "admitted": 2, "evicted": 0, "pending": 0}
+
+
+def test_with_forget_after_the_pending_ids_stay_bounded():
+    table = HashRows(2, SparseSGD(0.1), admit_after=2, forget_after=5)
+    most = 0
+    for step in range(200):  # 100 ids a step that are never seen again: none is ever admitted
+        table.read(torch.arange(100 * step, 100 * (step + 1)), step)
+        table.evict(step)
+        most = max(most, table.metrics()["pending"])
+    assert table.rows_held == 0 and most <= 100 * 2 * 5  # the ids of the last 2 x forget_after steps, not all 20,000
+    never = HashRows(2, SparseSGD(0.1), admit_after=2, evict_after=5)  # without forget_after every sighting is kept
+    for step in range(20):
+        never.read(torch.arange(100 * step, 100 * (step + 1)), step)
+        never.evict(step)
+    assert never.metrics()["pending"] == 2000
+
+
+def test_pending_sightings_keep_their_steps_through_a_checkpoint_and_older_checkpoints_load():
+    table = HashRows(2, SparseSGD(0.1), admit_after=2, forget_after=3)
+    table.read(IDS(5), 0)
+    table.read(IDS(6), 2)
+    saved = table.state_dict()
+    restored = HashRows(2, SparseSGD(0.1), admit_after=2, forget_after=3)
+    restored.load_state_dict(saved)
+    restored.read(IDS(5, 6), 4)  # 5 last seen at 0: expired, counts from one; 6 at 2: its second, admitted
+    assert 5 not in restored and 6 in restored
+    older = {k: v for k, v in saved.items() if k != "pending_steps"}  # written before sightings had steps
+    from_older = HashRows(2, SparseSGD(0.1), admit_after=2, forget_after=3)
+    from_older.load_state_dict(older)  # their sightings count as seen at the checkpoint's clock (2)
+    from_older.read(IDS(5, 6), 4)
+    assert 5 in from_older and 6 in from_older
+
+
 # ---- HashRows: eviction
 def test_rows_are_evicted_exactly_when_untouched_for_evict_after_steps():
     table = HashRows(2, SparseSGD(0.1), evict_after=5)
@@ -267,6 +308,7 @@ def test_int32_ids_work():
     ({"admit_after": True}, "HashRows(admit_after=True)"),
     ({"evict_after": 0}, "HashRows(evict_after=0): expected None (rows are never evicted) or an int >= 1"),
     ({"evict_after": -5}, "HashRows(evict_after=-5)"),
+    ({"forget_after": 0}, "HashRows(forget_after=0): expected None (sightings of ids not admitted are kept until"),
     ({"dtype": torch.int64}, "HashRows(dtype=torch.int64): expected a floating torch.dtype"),
     ({"init_std": -1.0}, "HashRows(init_std=-1.0)"),
 ])

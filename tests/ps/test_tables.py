@@ -127,3 +127,29 @@ def test_options_the_ps_cannot_honour_are_refused():
     model = nn.Sequential(nn.Embedding(10, 2, sparse=True, padding_idx=0))
     with pytest.raises(ParameterServerError, match="padding_idx=0"):
         TableLookups(model, find_tables(model, None), lambda ids: {})
+
+
+def test_a_hash_embedding_s_forget_after_reaches_the_row_store_on_the_ps():
+    from towerflow.ps import HashEmbedding, SparseSGD
+    from towerflow.ps.lookups import table_spec
+    from towerflow.ps.table_shards import make_store
+
+    spec = table_spec("ids", HashEmbedding(4, admit_after=3, evict_after=50, forget_after=20), 2, "mod", None, 0)
+    assert (spec.admit_after, spec.evict_after, spec.forget_after) == (3, 50, 20)
+    store = make_store(spec, 1, SparseSGD(0.1))
+    assert (store.admit_after, store.evict_after, store.forget_after) == (3, 50, 20)
+    assert table_spec("ids", HashEmbedding(4), 2, "mod", None, 0).forget_after is None
+
+
+@pytest.mark.parametrize("kw, text", [
+    ({"admit_after": 0}, "admit_after=0: expected an int >= 1"),
+    ({"evict_after": 0}, "evict_after=0: expected None (never) or an int >= 1"),
+    ({"forget_after": 0}, "forget_after=0: expected None (sightings kept until the id is admitted) or an int >= 1"),
+    ({"forget_after": 2.5}, "forget_after=2.5"),
+])
+def test_a_hash_embedding_refuses_bad_settings_naming_them(kw, text):
+    from towerflow.ps import HashEmbedding
+
+    with pytest.raises(ParameterServerError) as err:
+        HashEmbedding(4, **kw)
+    assert text in str(err.value)

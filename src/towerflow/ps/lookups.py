@@ -218,7 +218,7 @@ def table_spec(name: str, module: nn.Module, num_ps: int, partition_strategy: st
     """The wire description of one table module."""
     if getattr(module, "is_hash_table", False):
         return TableSpec(name, None, module.embedding_dim, module.dtype, num_ps, "hash", module.init_std, seed,
-                         module.admit_after, module.evict_after)
+                         module.admit_after, module.evict_after, module.forget_after)
     rows, dim = module.weight.shape
     std = getattr(module, "init_std", None)  # the table's own (set on the module), else setup's, else PyTorch's N(0, 1)
     std = init_std if std is None else std

@@ -40,7 +40,7 @@ def make_store(spec: TableSpec, shard: int, optimizer: RowOptimizer, values: Opt
     """The row store of one shard: values sent by the chief, or drawn here."""
     if spec.is_hash:
         return HashRows(spec.dim, optimizer, dtype=spec.dtype, init_std=spec.init_std, seed=_seed(spec, shard),
-                        admit_after=spec.admit_after, evict_after=spec.evict_after)
+                        admit_after=spec.admit_after, evict_after=spec.evict_after, forget_after=spec.forget_after)
     if values is None:
         values = initial_rows(spec, shard)
     elif tuple(values.shape) != (spec.shard_rows(shard), spec.dim):

@@ -40,6 +40,7 @@ class TableSpec:
     seed: int = 0
     admit_after: int = 1  # hash tables: sightings before an id gets a row
     evict_after: Optional[int] = None  # hash tables: global steps untouched before a row is removed
+    forget_after: Optional[int] = None  # hash tables: global steps unseen before an id's pending sightings go
 
     def __post_init__(self):
         allowed = PARTITION_STRATEGIES + ("hash",)

@@ -52,7 +52,8 @@ class HashRows:
     """A growing vocabulary of `dim`-wide rows keyed by int64 ids, with row-wise optimizer state."""
 
     def __init__(self, dim: int, optimizer: RowOptimizer, dtype: torch.dtype = torch.float32, init_std: float = 0.01,
-                 seed: int = 0, admit_after: int = 1, evict_after: Optional[int] = None):
+                 seed: int = 0, admit_after: int = 1, evict_after: Optional[int] = None,
+                 forget_after: Optional[int] = None):
         if not _positive_int(dim):
             raise ParameterServerError(f"HashRows(dim={dim!r}): expected an int >= 1, the width of a row")
         if not isinstance(optimizer, RowOptimizer):
@@ -74,8 +75,13 @@ class HashRows:
                 f"HashRows(evict_after={evict_after!r}): expected None (rows are never evicted) or an int >= 1, the "
                 "steps a row may go untouched before evict(step) removes it"
             )
+        if not _positive_int(forget_after, allow_none=True):
+            raise ParameterServerError(
+                f"HashRows(forget_after={forget_after!r}): expected None (sightings of ids not admitted are kept until "
+                "they are) or an int >= 1, the steps an id may go unseen before its count starts over"
+            )
         self.dim, self.optimizer, self.dtype, self.init_std = dim, optimizer, dtype, float(init_std)
-        self.admit_after, self.evict_after = admit_after, evict_after
+        self.admit_after, self.evict_after, self.forget_after = admit_after, evict_after, forget_after
         self._generator = torch.Generator().manual_seed(seed)
         self.admitted = self.evicted = 0  # rows created and removed, since the start
         self.updates = 0  # applies so far: the `step` torch counts per parameter (Adam's bias correction)
@@ -84,7 +90,8 @@ class HashRows:
 
     def _reset(self, capacity: int) -> None:
         self._slot_of = IdMap()  # id -> slot of a live row
-        self._pending: Dict[int, int] = {}  # id -> sightings, for ids not admitted yet
+        self._pending: Dict[int, Tuple[int, int]] = {}  # id -> (sightings, last step seen), for ids not admitted yet
+        self._swept = 0  # the step of the last sweep of expired sightings
         self._free = torch.zeros(capacity, dtype=torch.int64)  # a stack of evicted rows' slots, reused first
         self._free_count = 0
         self._used = 0  # slots [0, _used) have been handed out
@@ -124,19 +131,24 @@ class HashRows:
         self._live[slots] = True
         return slots
 
-    def _admit(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Count a sighting of each id without a row; create the rows of those that reach admit_after."""
+    def _admit(self, ids: torch.Tensor, slots: torch.Tensor, step: int) -> None:
+        """Count a sighting of each id without a row; create the rows of those that reach admit_after.
+
+        With forget_after, an id unseen for forget_after steps starts its count over.
+        """
         new = (slots < 0).nonzero().squeeze(1)
         _check_new(ids.index_select(0, new), "HashRows.read")
         if self.admit_after > 1:
             pending, need, ready = self._pending, self.admit_after, []
+            expired = step - self.forget_after if self.forget_after is not None else None
             for key in ids.index_select(0, new).tolist():
-                seen = pending.get(key, 0) + 1
+                seen, last = pending.get(key, (0, step))
+                seen = 1 if expired is not None and last <= expired else seen + 1
                 ready.append(seen >= need)
                 if seen >= need:
-                    del pending[key]
+                    pending.pop(key, None)
                 else:
-                    pending[key] = seen
+                    pending[key] = (seen, step)
             new = new[torch.tensor(ready, dtype=torch.bool)]
         if not new.numel():
             return
@@ -155,7 +167,7 @@ class HashRows:
         slots = self._slot_of.lookup(ids)
         self._clock = max(self._clock, step)
         if bool((slots < 0).any()):
-            self._admit(ids, slots)
+            self._admit(ids, slots, step)
             hit = (slots >= 0).nonzero().squeeze(1)
             if hit.numel() < ids.numel():
                 slots = slots.index_select(0, hit)
@@ -182,7 +194,15 @@ class HashRows:
             self._touched.index_fill_(0, slots, step)
 
     def evict(self, step: int) -> int:
-        """Remove every row last touched at or before step - evict_after; how many went."""
+        """Remove every row last touched at or before step - evict_after; how many went.
+
+        With forget_after, every forget_after steps it also drops the expired sightings of ids not
+        admitted, so those held are the ids seen in the last 2 x forget_after steps at most.
+        """
+        if self.forget_after is not None and self._pending and step - self._swept >= self.forget_after:
+            expired = step - self.forget_after
+            self._pending = {key: seen for key, seen in self._pending.items() if seen[1] > expired}
+            self._swept = step
         if self.evict_after is None:
             return 0
         used = self._used
@@ -262,7 +282,8 @@ class HashRows:
         touched = state.pop(TOUCHED)
         return {"dim": self.dim, "ids": ids, "values": values, "state": state, TOUCHED: touched,
                 "pending_ids": torch.tensor(list(self._pending), dtype=torch.int64),
-                "pending_counts": torch.tensor(list(self._pending.values()), dtype=torch.int64),
+                "pending_counts": torch.tensor([seen for seen, _ in self._pending.values()], dtype=torch.int64),
+                "pending_steps": torch.tensor([last for _, last in self._pending.values()], dtype=torch.int64),
                 "admitted": self.admitted, "evicted": self.evicted, "updates": self.updates, "clock": self._clock,
                 "generator": self._generator.get_state()}
 
@@ -287,8 +308,10 @@ class HashRows:
         self.updates, self._clock = int(state["updates"]), int(state["clock"])
         self._generator.set_state(state["generator"])
         self.load_rows(ids, values, {**state["state"], TOUCHED: state[TOUCHED]})
-        self._pending = dict(zip(state["pending_ids"].tolist(), state["pending_counts"].tolist()))
+        counts = state["pending_counts"].tolist()
+        steps = state["pending_steps"].tolist() if "pending_steps" in state else [self._clock] * len(counts)  # older
+        self._pending = dict(zip(state["pending_ids"].tolist(), zip(counts, steps)))
 
     def __repr__(self) -> str:
         return (f"HashRows(dim={self.dim}, {self.optimizer.describe()}, admit_after={self.admit_after}, "
-                f"evict_after={self.evict_after}, {self.metrics()})")
+                f"evict_after={self.evict_after}, forget_after={self.forget_after}, {self.metrics()})")
