@@ -68,6 +68,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")  # torch's Adagrad, the reference
 def test_row_optimizer_equals_torch_on_a_sparse_embedding(case):
     make_opt, spec, names = CASES[case]
     _ours(spec, *_torch_run(make_opt, names))
