@@ -4,8 +4,10 @@ Monolith / DeepRec's dynamic embeddings for towerflow: no row count is fixed in 
 gets a row on the ps task `id mod P` once it has been seen `admit_after` times (before that it
 reads the default row, zeros, and learns nothing); a row untouched for `evict_after` global steps
 is removed; with `forget_after`, an id unseen for that many global steps before it was admitted
-starts its count over, which bounds what the ps remembers of ids seen too rarely to be admitted. The module holds no rows itself: under `ParameterServerStrategy.setup` its calls go
-through the ps like any other table's (`lookups.py`).
+starts its count over, which bounds what the ps remembers of ids seen too rarely to be admitted.
+The module holds no rows itself: under `ParameterServerStrategy.setup` its calls go through the
+ps like any other table's (`lookups.py`); under a one-process strategy's `setup` the same store
+is held in the process (`strategies/_hash_tables.py`).
 """
 
 from __future__ import annotations
@@ -53,9 +55,9 @@ class HashEmbedding(nn.Module):
     def forward(self, input: torch.Tensor, offsets: Optional[torch.Tensor] = None,
                 per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         raise ParameterServerError(
-            "a HashEmbedding keeps its rows on parameter servers: set the model up with "
-            "ParameterServerStrategy.setup (launch with `towerflow launch --ps N`) before calling it; in one process "
-            "use nn.Embedding / nn.EmbeddingBag with ids mapped into a fixed range")
+            "a HashEmbedding holds no rows until a strategy's setup gives it some: call "
+            "`model, optimizer = strategy.setup(model, optimizer)` first (the rows then live on the ps tasks under "
+            "ParameterServerStrategy, in this process under one-process strategies)")
 
     def extra_repr(self) -> str:
         return (f"{self.embedding_dim}, mode={self.mode!r}, admit_after={self.admit_after}, "

@@ -8,7 +8,7 @@ replicas) its torch twin (`torch.optim.SparseAdam`, ...) trains the tables' spar
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -49,16 +49,22 @@ class TableOptimizers:
 
 
 def with_table_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                         sparse_optimizer: RowOptimizer) -> TableOptimizers:
-    """The user's optimizer (dense parameters only) and the tables' torch optimizer, as one."""
+                         sparse_optimizer: Optional[RowOptimizer], hash_tables=None):
+    """The user's optimizer (dense parameters only), the tables' torch optimizer and this process's hash
+    tables (`_hash_tables.LocalHashTables`), as one; the user's optimizer alone when there are no tables."""
     tables = [m.weight for m in find_tables(model, None).values() if isinstance(getattr(m, "weight", None),
                                                                                 torch.nn.Parameter)]
-    if not tables:
+    extra = [hash_tables] if hash_tables is not None else []
+    if sparse_optimizer is None:
+        return TableOptimizers(optimizer, *extra) if extra else optimizer
+    if not tables and not extra:
         raise StrategyError("sparse_optimizer= was given but the model has no table with sparse=True; drop it, or "
-                            "build the tables as nn.Embedding / nn.EmbeddingBag(..., sparse=True)")
+                            "build the tables as nn.Embedding / nn.EmbeddingBag(..., sparse=True) or HashEmbedding")
+    if not tables:
+        return TableOptimizers(optimizer, *extra)
     ids = {id(p) for p in tables}
     shared = [p for g in optimizer.param_groups for p in g["params"] if id(p) in ids]
     if shared:
         raise StrategyError("with sparse_optimizer=, build the optimizer over the dense parameters only (the tables "
                             "get sparse_optimizer's): e.g. Adam(p for n, p in model.named_parameters() if not a table)")
-    return TableOptimizers(optimizer, torch_optimizer_for(sparse_optimizer, tables))
+    return TableOptimizers(optimizer, torch_optimizer_for(sparse_optimizer, tables), *extra)

@@ -28,6 +28,7 @@ from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
 from towerflow.ps.row_optimizers import RowOptimizer
 from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
+from towerflow.strategies._hash_tables import local_hash_tables
 from towerflow.strategies._tables import with_table_optimizer
 
 MIXED_PRECISION = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -100,6 +101,7 @@ class Strategy:
         self._batch_is_empty = False
         self.last_batch: Optional[ShardBatch] = None  # the batch the replica's loader handed out last
         self._optimizer: Optional[SyncOptimizer] = None
+        self.hash_tables = None  # set by setup: the model's HashEmbedding rows when this process holds them
 
     @property
     def global_step(self) -> int:
@@ -139,11 +141,13 @@ class Strategy:
         `clip_grad_norm` clips the combined gradient (after all-reduce, so every replica agrees).
         `sparse_optimizer` (`towerflow.ps.SparseAdam(...)`, ...) trains the model's sparse=True tables
         with its torch twin here, and on the ps tasks under ParameterServerStrategy; `optimizer` then
-        covers the dense parameters only.
+        covers the dense parameters only. A `HashEmbedding` keeps its rows in this process (one
+        replica only), trained by `sparse_optimizer` or the row-wise form of `optimizer`.
         """
         model = model.to(self.device)
-        if optimizer is not None and sparse_optimizer is not None:
-            optimizer = with_table_optimizer(model, optimizer, sparse_optimizer)
+        self.hash_tables = local_hash_tables(self, model, optimizer, sparse_optimizer)  # HashEmbedding rows, here
+        if optimizer is not None:
+            optimizer = with_table_optimizer(model, optimizer, sparse_optimizer, self.hash_tables)
         wrapped = self._wrap_model(model)
         if optimizer is None:
             return wrapped, None
