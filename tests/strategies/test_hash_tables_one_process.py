@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -126,3 +131,25 @@ def test_towers_or_replicas_would_each_grow_a_vocabulary_and_are_refused():
 def test_a_hash_embedding_called_before_setup_says_what_to_do():
     with pytest.raises(towerflow.ParameterServerError, match=r"call `model, optimizer = strategy.setup\(model, optimizer\)`"):
         Clicks()(torch.tensor([[1, 2]]))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_the_same_script_trains_its_hash_table_in_one_process_and_on_a_parameter_server():
+    script = os.path.join(os.path.dirname(__file__), "_hash_script.py")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TF_CONFIG", "TOWERFLOW_DEVICE")}
+    env["PYTHONPATH"] = src
+    runs = {
+        "one process": [sys.executable, script],
+        "ps": [sys.executable, "-m", "towerflow", "launch", "--ps", "1", "--workers", "1", script],
+    }
+    seen = {}
+    for name, cmd in runs.items():
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+        assert done.returncode == 0, f"{name}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        got = re.search(r"(\w+Strategy): loss ([\d.]+) -> ([\d.]+)", done.stdout)
+        assert got, f"{name}: {done.stdout[-2000:]}"
+        seen[name] = got.group(1)
+        assert float(got.group(3)) < 0.5 * float(got.group(2)), got.group(0)
+    assert seen == {"one process": "OneDeviceStrategy", "ps": "ParameterServerStrategy"}
