@@ -48,6 +48,7 @@ def _reference(make_optimizer):
     ("sync_mod_adagrad", lambda m: torch.optim.Adagrad(m.parameters(), lr=0.3)),
     ("sync_div_sgd", lambda m: torch.optim.SGD(m.parameters(), lr=0.5)),
 ])
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")  # torch's Adagrad, the reference
 def test_sync_tables_on_two_ps_tasks_train_as_plain_pytorch_does(results, name, make_optimizer):
     chief = results[0]
     ref = _reference(make_optimizer)

@@ -93,3 +93,32 @@ def test_two_replicas_on_logical_gpus_of_one_card_each_get_their_own_memory_limi
     script.write_text(_LOGICAL_CAP)
     results = run_replicas([str(script)], 2, timeout=150)
     assert [r.stdout.split() for r in results] == [["device:GPU:0", "2048", "refused"], ["device:GPU:1", "6144", "fits"]]
+
+
+def test_a_hash_embedding_in_one_process_trains_on_the_gpu():
+    """The rows stay on the host (the ps's store); each forward's rows go to the GPU and their gradients come back."""
+    from towerflow.ps import HashEmbedding, SparseAdagrad
+
+    class Clicks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ids = HashEmbedding(4, mode="sum")
+            self.head = torch.nn.Linear(4, 2)
+
+        def forward(self, ids):
+            return self.head(self.ids(ids))
+
+    torch.manual_seed(0)
+    strategy = towerflow.OneDeviceStrategy("/gpu:0")
+    model = Clicks()
+    model, opt = strategy.setup(model, torch.optim.Adam(model.head.parameters(), lr=0.05),
+                                sparse_optimizer=SparseAdagrad(lr=0.5))
+    losses = []
+    for step in range(100):
+        ids = 10 ** 12 + torch.randint(0, 50, (64, 3), generator=torch.Generator().manual_seed(step))
+        labels = (ids % 2 == 0).sum(1).clamp(max=1)
+        loss = towerflow.train_step(strategy, model, opt, (ids.cuda(), labels.cuda()), F.cross_entropy)
+        assert loss.device.type == "cuda"
+        losses.append(float(loss))
+    assert sum(losses[-10:]) < 0.5 * sum(losses[:10])
+    assert strategy.hash_tables.metrics()["ids"]["rows"] == 50

@@ -75,10 +75,12 @@ def check_table_module(name: str, module: nn.Module) -> None:
 class TableLookups:
     """Patches a model's table modules so that their rows come from the ps, and keeps their gradients."""
 
-    def __init__(self, model: nn.Module, tables: Dict[str, nn.Module], read: Reader):
+    def __init__(self, model: nn.Module, tables: Dict[str, nn.Module], read: Reader,
+                 device: Optional[torch.device] = None):
         self.model = model
         self.tables = tables
         self.read = read
+        self.device = device  # where the model computes: the recording pass's zeros are made there
         self.phase: Optional[str] = None
         self._calls: Dict[str, List[_Call]] = {}
         self._fetched: Dict[str, _Fetched] = {}
@@ -143,7 +145,7 @@ class TableLookups:
             self._calls[name].append(call)
             if all(self._calls.values()):
                 raise _EveryTableSeen()
-            return self._zeros(module, call)
+            return self._zeros(module, call, self.device)
         if self.phase == "compute" and name in self._fetched:
             fetched = self._fetched[name]
             k = self._next[name]
@@ -162,15 +164,16 @@ class TableLookups:
         return self._compute(module, fetched.weight, fetched.local_ids[0], call)
 
     @staticmethod
-    def _zeros(module: nn.Module, call: _Call) -> torch.Tensor:
+    def _zeros(module: nn.Module, call: _Call, device: Optional[torch.device]) -> torch.Tensor:
         dim = module.embedding_dim
+        device = device if device is not None else call.ids.device
         if not _is_bag(module):
-            return torch.zeros(*call.ids.shape, dim)
+            return torch.zeros(*call.ids.shape, dim, device=device)
         if call.ids.dim() == 2:
             bags = call.ids.shape[0]
         else:
             bags = call.offsets.numel() - (1 if getattr(module, "include_last_offset", False) else 0)
-        return torch.zeros(bags, dim)
+        return torch.zeros(bags, dim, device=device)
 
     @staticmethod
     def _compute(module: nn.Module, weight: torch.Tensor, local_ids: torch.Tensor, call: _Call) -> torch.Tensor:

@@ -56,7 +56,7 @@ class LocalHashTables:
         }
         self.device = device
         self.steps = 0  # optimizer steps taken: the tables' clock
-        self.lookups = TableLookups(model, tables, self._read)
+        self.lookups = TableLookups(model, tables, self._read, device)
         self.param_groups: List[dict] = []  # the rows are not parameters: lr schedules and clipping pass them by
         self.state: dict = {}
         self.defaults: dict = {}

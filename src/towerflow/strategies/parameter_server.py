@@ -209,7 +209,8 @@ class ParameterServerStrategy(Strategy):
         del values
         self.client.replan = lambda n: plan_layout(params, n, self.placement, self.partition)
         if tables:
-            self.lookups = TableLookups(model, tables, lambda ids: self.recovery.guarded(lambda: self.client.read_rows(ids)))
+            self.lookups = TableLookups(model, tables, lambda ids: self.recovery.guarded(lambda: self.client.read_rows(ids)),
+                                        self.device)
         if self.recovery.guarded(self.client.connect) is not None:
             self.recovery.say_rejoined(self._restarted_at)
         wrapped = PSOptimizer(optimizer, self.client, self.recovery, list(params.values()), lr_schedule, clip_grad_norm,
