@@ -58,8 +58,7 @@ class LocalHashTables:
         self.steps = 0  # optimizer steps taken: the tables' clock
         self.lookups = TableLookups(model, tables, self._read, device)
         self.param_groups: List[dict] = []  # the rows are not parameters: lr schedules and clipping pass them by
-        self.state: dict = {}
-        self.defaults: dict = {}
+        self.state: dict = {}  # what TableOptimizers.state merges: the rows' state is in the stores
 
     def _read(self, unique: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         return {name: self.stores[name].read(ids.cpu(), self.steps).to(self.device) for name, ids in unique.items()}

@@ -52,15 +52,15 @@ def with_table_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimize
                          sparse_optimizer: Optional[RowOptimizer], hash_tables=None):
     """The user's optimizer (dense parameters only), the tables' torch optimizer and this process's hash
     tables (`_hash_tables.LocalHashTables`), as one; the user's optimizer alone when there are no tables."""
-    tables = [m.weight for m in find_tables(model, None).values() if isinstance(getattr(m, "weight", None),
-                                                                                torch.nn.Parameter)]
     extra = [hash_tables] if hash_tables is not None else []
     if sparse_optimizer is None:
         return TableOptimizers(optimizer, *extra) if extra else optimizer
-    if not tables and not extra:
-        raise StrategyError("sparse_optimizer= was given but the model has no table with sparse=True; drop it, or "
-                            "build the tables as nn.Embedding / nn.EmbeddingBag(..., sparse=True) or HashEmbedding")
+    tables = [m.weight for m in find_tables(model, None).values() if isinstance(getattr(m, "weight", None),
+                                                                                torch.nn.Parameter)]
     if not tables:
+        if not extra:
+            raise StrategyError("sparse_optimizer= was given but the model has no table with sparse=True; drop it, or "
+                                "build the tables as nn.Embedding / nn.EmbeddingBag(..., sparse=True) or HashEmbedding")
         return TableOptimizers(optimizer, *extra)
     ids = {id(p) for p in tables}
     shared = [p for g in optimizer.param_groups for p in g["params"] if id(p) in ids]
