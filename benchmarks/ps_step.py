@@ -39,17 +39,27 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch")
+CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch", "ps_hosts", "ps_rpc_before")
 BATCH, LR = 32, 0.05
+MODEL = os.environ.get("PS_STEP_MODEL", "small")  # small | large (set by --model for every process)
 
 
-def mlp() -> nn.Module:  # 84,490 parameters
+def mlp() -> nn.Module:  # small: 84,490 parameters; large: 16,874,506
+    if MODEL == "large":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 3328), nn.ReLU(),
+                             nn.Linear(3328, 10))
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
 
 
 def batches(seed: int):
-    """The digits, shuffled, in batches of BATCH, forever."""
+    """The digits, shuffled, in batches of BATCH, forever (the large model: fixed random batches of 784 features)."""
     from towerflow.data import load_mnist_or_digits
+
+    if MODEL == "large":
+        g = torch.Generator().manual_seed(seed)
+        fixed = [(torch.randn(BATCH, 784, generator=g), torch.randint(0, 10, (BATCH,), generator=g)) for _ in range(8)]
+        while True:
+            yield from fixed
 
     x, y = load_mnist_or_digits(None).train.tensors
     g = torch.Generator().manual_seed(seed)
@@ -258,8 +268,11 @@ def in_cluster(args) -> None:
 
 # ---------------------------------------------------------------- the driver
 def run_one(contender: str, args, out_dir: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.path.join(REPO, "src"), "OMP_NUM_THREADS": "1",
-           "TOWERFLOW_PS_LINK": "rpc" if contender == "ps_rpc" else "shm"}
+    src = args.before_src if contender == "ps_rpc_before" else os.path.join(REPO, "src")
+    env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
+           "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
+    if contender == "ps_hosts":
+        return _on_hosts(args, out_dir, env)
     if contender == "one_process":
         cmd = [sys.executable, os.path.abspath(__file__), "--one-process", "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--out", out_dir]
@@ -275,6 +288,33 @@ def run_one(contender: str, args, out_dir: str) -> dict:
     return {"workers": [json.load(open(os.path.join(out_dir, f"{contender}-{w}.json"))) for w in range(2)]}
 
 
+def _on_hosts(args, out_dir: str, env: dict) -> dict:
+    """1 ps + 2 workers on three network-namespace hosts (tests/multihost/netns.py), one launcher each."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "multihost"))
+    from netns import Hosts
+
+    with tempfile.TemporaryDirectory() as work:
+        hosts = Hosts(3, __import__("pathlib").Path(work))
+        try:
+            cluster = {"ps": [f"{hosts[0].name}:7100"], "worker": [f"{hosts[1].name}:7101", f"{hosts[2].name}:7102"]}
+            cluster_file = os.path.join(work, "cluster.json")
+            with open(cluster_file, "w") as f:
+                json.dump(cluster, f)
+            script = [os.path.abspath(__file__), "--in-cluster", "--contender", "ps_hosts", "--steps", str(args.steps),
+                      "--warmup", str(args.warmup), "--out", out_dir]
+            extra = {"PS_STEP_MODEL": args.model, "TOWERFLOW_CLUSTER_TOKEN": "ps-step-bench"}
+            if args.wire_security:
+                extra["TOWERFLOW_WIRE_SECURITY"] = args.wire_security
+            procs = [hosts.launch(hosts[0], cluster_file, "ps", 0, script, env=extra)]
+            procs += [hosts.launch(hosts[1 + w], cluster_file, "worker", w, script, env=extra) for w in range(2)]
+            for p in procs:
+                if p.wait(600) != 0:
+                    raise SystemExit(f"ps_hosts failed on {p.host.name}:\n{p.output[-3000:]}")
+        finally:
+            hosts.close()
+    return {"workers": [json.load(open(os.path.join(out_dir, f"ps_hosts-{w}.json"))) for w in range(2)]}
+
+
 def total_rate(result: dict) -> float:
     workers = result["workers"]
     span = max(w["end"] for w in workers) - min(w["start"] for w in workers)
@@ -288,6 +328,10 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=1500, help="timed steps per worker")
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--out", default=None)
+    p.add_argument("--model", choices=("small", "large"), default="small")
+    p.add_argument("--before-src", default=None, help="ps_rpc_before: the src/ of a checkout from before the change")
+    p.add_argument("--wire-security", choices=("encrypt", "authenticate"), default=None,
+                   help="ps_hosts: TOWERFLOW_WIRE_SECURITY (default: the cluster's default, encrypt)")
     p.add_argument("--in-cluster", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--contender", help=argparse.SUPPRESS)
@@ -303,6 +347,9 @@ def main(argv=None) -> None:
     bad = [c for c in contenders if c not in CONTENDERS]
     if bad:
         raise SystemExit(f"--contenders: unknown {bad}; expected some of {', '.join(CONTENDERS)}")
+    if "ps_rpc_before" in contenders and not args.before_src:
+        raise SystemExit("--contenders ps_rpc_before needs --before-src DIR (e.g. a `git worktree add` of main's "
+                         "commit before the change, then DIR/src)")
     runs = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.launches):
@@ -314,12 +361,13 @@ def main(argv=None) -> None:
                 print(f"launch {i + 1}/{args.launches} {c:16s} {r['steps_per_s']:8.1f} steps/s (load {r['load_average']:.1f})",
                       flush=True)
     base = {c: statistics.median(r["steps_per_s"] for r in rs) for c, rs in runs.items()}
-    summary = {"machine": f"{os.cpu_count()} cores, torch {torch.__version__}", "medians_steps_per_s": base}
+    summary = {"machine": f"{os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
+               "medians_steps_per_s": base}
     print("medians (total steps/s):")
     for c, v in base.items():
         ratios = ", ".join(f"{v / base[o]:.2f}x {o}" for o in ("one_process", "rpc_loop") if o in base and o != c)
         print(f"  {c:16s} {v:8.1f}  {ratios}")
-    for ref in ("one_process", "rpc_loop"):  # each launch's own ratio (same minutes, same load), then the median
+    for ref in ("one_process", "rpc_loop", "ps_shm", "ps_rpc_before"):  # each launch's own ratio (same minutes, same load), then the median
         if ref in runs:
             paired = {c: statistics.median(r["steps_per_s"] / b["steps_per_s"] for r, b in zip(rs, runs[ref]))
                       for c, rs in runs.items() if c != ref}

@@ -61,3 +61,23 @@ def test_subpackages_are_reached_through_the_package_name_alone():
                   "try:\n    towerflow.nonexistent\nexcept AttributeError as e:\n    print(e)")
     assert out.splitlines() == ["False", "SparseAdam save_metrics", "True",
                                 "module 'towerflow' has no attribute 'nonexistent'"], out
+
+
+def test_no_module_imports_torch_distributed_rpc_and_only_the_messaging_layer_imports_zmq():
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src" / "towerflow"
+    rpc, zmq = [], []
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            where = str(path.relative_to(src))
+            if any(n == "torch.distributed.rpc" or n.startswith("torch.distributed.rpc.") for n in names):
+                rpc.append(where)
+            if any(n == "zmq" or n.startswith("zmq.") for n in names):
+                zmq.append(where)
+    assert rpc == []
+    assert sorted(set(zmq)) == ["cluster/messaging.py", "cluster/wire_security.py"]

@@ -42,8 +42,8 @@ def test_what_the_launcher_writes_reads_back_as_one_task_env():
 
 def test_a_plain_process_gets_the_defaults():
     task = taskenv.read({})
-    assert (task.has_task, task.is_chief, task.join_timeout, task.heartbeat_timeout, task.rpc_transports) == (
-        False, True, 60.0, 15.0, ("uv",))
+    assert (task.has_task, task.is_chief, task.join_timeout, task.heartbeat_timeout, task.wire_security) == (
+        False, True, 60.0, 15.0, None)
     assert (task.restart_count, task.max_restarts, task.cluster, task.threads_set_by_user) == (0, 0, {}, False)
 
 
@@ -69,7 +69,7 @@ def test_the_chief_rule_is_tensorflows():
         ("MASTER_PORT", "70000", "MASTER_PORT=70000: expected a port between 1 and 65535"),
         ("TOWERFLOW_JOIN_TIMEOUT", "soon", "TOWERFLOW_JOIN_TIMEOUT='soon': expected a positive number of seconds"),
         ("TOWERFLOW_HEARTBEAT_TIMEOUT", "0", "TOWERFLOW_HEARTBEAT_TIMEOUT='0'"),
-        ("TOWERFLOW_RPC_TRANSPORTS", "uv,tcp", "unknown transport 'tcp'; expected a comma-separated list of uv, shm, ibv"),
+        ("TOWERFLOW_WIRE_SECURITY", "none", "TOWERFLOW_WIRE_SECURITY='none': expected one of encrypt, authenticate"),
         ("TOWERFLOW_PS_MODE", "eventual", "TOWERFLOW_PS_MODE='eventual': expected one of async, sync, ssp"),
         ("TOWERFLOW_PS_LINK", "tcp", "TOWERFLOW_PS_LINK='tcp': expected one of shm, rpc"),
         ("TOWERFLOW_PS_REPLICAS_TO_AGGREGATE", "0", "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE='0'"),

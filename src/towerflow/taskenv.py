@@ -36,14 +36,14 @@ ENV_HEARTBEAT_TIMEOUT = "TOWERFLOW_HEARTBEAT_TIMEOUT"  # seconds of silence befo
 ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher restarted this task
 ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher allows each task
 ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
-ENV_RPC_TRANSPORTS = "TOWERFLOW_RPC_TRANSPORTS"  # TensorPipe transports for RPC, e.g. "uv,ibv" (default "uv")
+ENV_WIRE_SECURITY = "TOWERFLOW_WIRE_SECURITY"  # encrypt (CURVE) | authenticate (token-derived password); default by the cluster's hosts
 ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the launcher hosts it
 ENV_ERROR_FILE = "TOWERFLOW_ERROR_FILE"  # where a failing task leaves its FailureReport for the launcher
 ENV_PS_MODE = "TOWERFLOW_PS_MODE"  # async | sync | ssp (towerflow launch --mode)
 ENV_PS_REPLICAS_TO_AGGREGATE = "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"  # --replicas-to-aggregate
 ENV_PS_STALENESS = "TOWERFLOW_PS_STALENESS"  # --staleness
 ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers keep freed memory for the next step) | system
-ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always RPC)
+ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always remote calls)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
 ENV_SCHEDULER = "TOWERFLOW_SCHEDULER"  # which scheduler resolver to use instead of detecting one (cluster/schedulers)
@@ -61,7 +61,7 @@ SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKE
 
 DEFAULT_JOIN_TIMEOUT = 60.0
 DEFAULT_HEARTBEAT_TIMEOUT = 15.0
-RPC_TRANSPORTS = ("uv", "shm", "ibv")  # what TensorPipe offers between hosts and on one
+WIRE_SECURITY = ("encrypt", "authenticate")  # cluster/wire_security.py
 PS_MODES = ("async", "sync", "ssp")
 PS_LINKS = ("shm", "rpc")
 TOWERS_ALLOCATORS = ("keep", "system")
@@ -96,7 +96,7 @@ class TaskEnv:
     restart_count: int = 0
     max_restarts: int = 0
     restarted_at: Optional[float] = None
-    rpc_transports: Tuple[str, ...] = ("uv",)
+    wire_security: Optional[str] = None  # None: encrypt across hosts, authenticate on loopback
     ps_mode: Optional[str] = None
     ps_replicas_to_aggregate: Optional[int] = None
     ps_staleness: Optional[int] = None
@@ -187,7 +187,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         restart_count=_count(env, ENV_RESTART_COUNT) or 0,
         max_restarts=_count(env, ENV_MAX_RESTARTS) or 0,
         restarted_at=_time(env, ENV_RESTARTED_AT),
-        rpc_transports=_transports(env),
+        wire_security=_choice(env, ENV_WIRE_SECURITY, WIRE_SECURITY),
         ps_mode=_choice(env, ENV_PS_MODE, PS_MODES),
         ps_replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),
         ps_staleness=_count(env, ENV_PS_STALENESS),
@@ -292,21 +292,6 @@ def _time(env: Mapping[str, str], name: str) -> Optional[float]:
         return float(raw) if raw else None
     except ValueError:
         raise TaskEnvironmentError(f"{name}={raw!r}: expected a time.time() value (set by the launcher)") from None
-
-
-def _transports(env: Mapping[str, str]) -> Tuple[str, ...]:
-    raw = (env.get(ENV_RPC_TRANSPORTS) or "").strip()
-    if not raw:
-        return ("uv",)
-    names = tuple(n.strip() for n in raw.split(",") if n.strip())
-    bad = [n for n in names if n not in RPC_TRANSPORTS]
-    if bad or not names:
-        raise TaskEnvironmentError(
-            f"{ENV_RPC_TRANSPORTS}={raw!r}: unknown transport {', '.join(map(repr, bad)) or '(none)'}; expected a "
-            f"comma-separated list of {', '.join(RPC_TRANSPORTS)} (uv: TCP between hosts, shm: shared memory "
-            "on one host, ibv: InfiniBand)"
-        )
-    return names
 
 
 def _choice(env: Mapping[str, str], name: str, choices: Tuple[str, ...]) -> Optional[str]:

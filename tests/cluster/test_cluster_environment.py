@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import pytest
@@ -99,18 +101,20 @@ def test_token_sources(tmp_path, monkeypatch):
         taskenv.read({"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "empty")}).cluster_token()
 
 
-def test_rpc_transports_default_to_tcp_and_a_bad_name_is_refused_with_the_choices(monkeypatch):
+def test_wire_security_is_encrypted_across_hosts_authenticated_on_loopback_and_a_bad_name_is_refused(monkeypatch):
     from towerflow import Server
     from towerflow.errors import ConfigError
 
-    cluster = {"worker": ["localhost:1"]}
-    monkeypatch.delenv("TOWERFLOW_RPC_TRANSPORTS", raising=False)
-    assert Server(cluster, start=False).rpc_transports == ("uv",)
-    monkeypatch.setenv("TOWERFLOW_RPC_TRANSPORTS", "uv, ibv")
-    assert Server(cluster, start=False).rpc_transports == ("uv", "ibv")
-    monkeypatch.setenv("TOWERFLOW_RPC_TRANSPORTS", "uv,tcp")
-    with pytest.raises(ConfigError, match=r"TOWERFLOW_RPC_TRANSPORTS='uv,tcp'.*uv, shm, ibv"):
-        Server(cluster, start=False)
+    monkeypatch.delenv("TOWERFLOW_WIRE_SECURITY", raising=False)
+    assert Server({"worker": ["localhost:1"]}, start=False).wire_security.mode == "authenticate"
+    server = Server({"worker": ["localhost:1"]}, start=False)
+    server.binding = dataclasses.replace(server.binding, multi_host=True)  # as on a cluster of several hosts
+    assert server._default_wire_security() == "encrypt"
+    monkeypatch.setenv("TOWERFLOW_WIRE_SECURITY", "encrypt")
+    assert Server({"worker": ["localhost:1"]}, start=False).wire_security.mode == "encrypt"
+    monkeypatch.setenv("TOWERFLOW_WIRE_SECURITY", "plain")
+    with pytest.raises(ConfigError, match=r"TOWERFLOW_WIRE_SECURITY='plain': expected one of encrypt, authenticate"):
+        Server({"worker": ["localhost:1"]}, start=False)
 
 
 @pytest.mark.parametrize("tf_config", ["{}", json.dumps({"task": {"type": "worker", "index": 0}})])

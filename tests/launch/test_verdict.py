@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from towerflow.cluster import failures
 from towerflow.cluster.failures import FailureRecord, FailureReport
+from towerflow.cluster.messaging import PeerGone
 from towerflow.errors import ClusterTimeoutError, DataError, PeerLostError
 from towerflow.launch import verdict
 
@@ -43,7 +44,7 @@ def test_a_record_and_a_report_survive_json(tmp_path):
     (RuntimeError("injected failure"), None),
     (DataError("--data '/x' is not a folder"), None),
     (PeerLostError("/job:ps/task:0 failed: RuntimeError: boom", task=PS), PS),
-    (RuntimeError("eof (this error originated at tensorpipe/transport/uv/connection_impl.cc:132)"), ""),
+    (PeerGone("the connection from worker:0 to ps:0 at tcp://127.0.0.1:1 closed: its process ended", "ps:0"), ""),
     (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer"), ""),
     (RuntimeError("Connection reset by peer"), None),  # not the transport's: the task's own
     (ClusterTimeoutError("/job:ps/task:0 gave up after 60 s", task=PS, missing=[W1]), W1),
@@ -55,8 +56,8 @@ def test_which_errors_are_consequences_of_a_lost_peer(error, cause):
 def test_a_consequence_raised_from_a_lost_peer_follows_the_explicit_cause():
     try:
         try:
-            raise RuntimeError("EPIPE: broken pipe (this error originated at tensorpipe/transport/uv/x.cc:1)")
-        except RuntimeError as e:
+            raise PeerGone("the connection from worker:0 to ps:0 at tcp://127.0.0.1:1 closed", "ps:0")
+        except PeerGone as e:
             raise ValueError("could not push") from e
     except ValueError as e:
         assert failures.cause_of(e) == ""
@@ -198,5 +199,9 @@ def test_an_error_is_recorded_with_a_short_reason_when_the_transport_lost_a_peer
                                     "reset by peer. This is typically caused by a remote worker hanging"), None)
     assert (r.task, r.job, r.index, r.restart, r.cause, r.traceback) == (W0, "worker", 0, 2, "", "")
     assert r.error == "RuntimeError: lost a peer of its process group (gloo: Connection reset by peer)"
+    gone = failures._make(PeerGone("the connection from worker:0 to ps:0 at tcp://10.0.0.2:7 closed: its process "
+                                   "ended", "ps:0"), None)
+    assert gone.cause == "" and gone.error == ("PeerGone: the connection from worker:0 to ps:0 at tcp://10.0.0.2:7 "
+                                               "closed: its process ended")
     own = failures._make(None, TB)
     assert own.is_own and own.error == "RuntimeError: boom" and own.traceback == TB

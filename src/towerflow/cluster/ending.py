@@ -3,10 +3,8 @@ a cluster that is leaving.
 
 Every task says it is done (`Server.join`: a worker at the end of its script, a ps as soon as it
 serves) and all leave once every task is. The launcher restarts a task killed after it said so
-too, and its new incarnation used to join RPC while the others left it: torch's dynamic group
-hands a joining member only the members listed at that moment, so the new worker knew no ps
-("could not find destination name ps:0") and failed every restart. Two store operations keep
-the end and a rejoin apart:
+too, and its new incarnation must not rejoin while the others leave: it would call ps tasks that
+are closing and fail every restart. Two store operations keep the end and a rejoin apart:
 
 * a task that sees every task done reads END_KEY, checks the done keys again, and sets END_KEY to
   ENDED only if it still holds what it read (compare-and-set);
@@ -87,26 +85,26 @@ def take_back_done(store: Store, done_key: str) -> bool:
 
 
 def leave_together(rendezvous, wait_s: float = 10.0) -> None:
-    """The barrier between leaving the RPC group and closing connections, once the cluster has ended
-    (see transport.stop_rpc). A task that never comes (it died after finishing) only costs the wait."""
+    """The barrier before closing this task's endpoint, once the cluster has ended (see
+    transport.stop_endpoint): no task closes while another may still wait on a reply of its. A task that never comes (it died after finishing) only costs the wait."""
     rendezvous.mark("leaving")
     rendezvous.wait_for_others("leaving", wait_s)
 
 
 def leave(rendezvous, graceful: bool) -> None:
-    """Leave the RPC group and let go of the store: `graceful` once the cluster has ended (together
+    """Stop serving and calling, and let go of the store: `graceful` once the cluster has ended (together
     with the others, and the task that hosts the store last), else at once (a failure)."""
     try:
         if graceful:
-            _transport.stop_rpc(graceful=True, everyone_leaving=lambda: leave_together(rendezvous))
+            _transport.stop_endpoint(graceful=True, everyone_leaving=lambda: leave_together(rendezvous))
             rendezvous.mark("left")
             if rendezvous.hosts_store:  # the store must outlive everyone's leave
                 rendezvous.wait_for_others("left", 30.0)
         else:
-            _transport.stop_rpc(graceful=False)
+            _transport.stop_endpoint(graceful=False)
     except Exception:
-        if _transport.is_rpc_running():
-            _transport.stop_rpc(graceful=False)
+        if _transport.is_endpoint_running():
+            _transport.stop_endpoint(graceful=False)
     finally:
         _failures.detach(rendezvous.store)
         rendezvous.close()

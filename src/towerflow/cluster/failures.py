@@ -1,7 +1,7 @@
 """Why a task stopped, recorded once, where its launcher and the other tasks can read it.
 
 A task that dies of an uncaught exception records a `FailureRecord`: its own error (with its
-traceback), or a consequence of losing another task (`PeerLostError`, an RPC or gloo
+traceback), or a consequence of losing another task (`PeerLostError`, a remote call or gloo
 connection that a gone peer closed). The record is made *before* the task lets go of anything
 the others depend on, and the cluster's store numbers it (`failures/count`): whatever a failure
 makes go wrong elsewhere is recorded after it, so the first failure is the own failure with the
@@ -316,11 +316,13 @@ def _is_transport(error: BaseException) -> bool:
 
 
 def _transport_reason(error: BaseException) -> str:
-    """A short reason for an error the transport raised because a peer went away (its own text
+    """A short reason for an error the transport raised because a peer went away (gloo's own text
     runs to source paths and advice meant for a single process)."""
     text = str(error)
+    if not _loaded_transport().is_group_peer_lost(error):
+        return " ".join(text.split())  # the messaging layer's (or a same-host link's) own sentence names the peer
     what = next((g for g in _GONE if g in text), "connection lost")
-    return f"lost a peer of {'its process group (gloo' if 'gloo' in text else 'the RPC group (TensorPipe'}: {what})"
+    return f"lost a peer of its process group (gloo: {what})"
 
 
 def describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:

@@ -2,7 +2,7 @@
 
 Every task beats a counter in the rendezvous store; a task that stops beating without saying it
 is done was killed or hangs, and the others fail naming it instead of waiting forever. The
-launcher may restart a lost task (`--max-restarts`): its new incarnation joins RPC under a new
+launcher may restart a lost task (`--max-restarts`): its new incarnation serves calls under a new
 name (`rpc_name`) and writes its number in the store, so the others give a task that may come
 back the join timeout on top of the heartbeat timeout, and find the new name there. A recorded
 failure is final only when no restart is left (`final_failure`).
@@ -24,9 +24,9 @@ from towerflow.errors import ClusterTimeoutError, PeerLostError
 
 
 def rpc_name(job: str, index: int, incarnation: int = 0) -> str:
-    """The RPC name of one incarnation of a task (a restarted task joins under a new name: torch's
-    RPC refuses a name twice). Callers address a task through `Server.rpc_name_of`, which finds
-    the current incarnation."""
+    """The call name of one incarnation of a task (a restarted task serves under a new name, so a call
+    meant for a dead incarnation fails instead of reaching its successor mid-recovery). Callers address
+    a task through `Server.rpc_name_of`, which finds the current incarnation."""
     return f"{job}:{index}" if incarnation == 0 else f"{job}:{index}:r{incarnation}"
 
 
@@ -52,28 +52,18 @@ class Membership:
 
     # --- incarnations ------------------------------------------------------------------------
 
-    def rpc_rank(self) -> int:
-        """This incarnation's RPC rank: each incarnation needs its own, as torch keeps a dead member's id taken."""
-        rv = self.rendezvous
-        return self.cluster.rank_of(rv.job, rv.index) + rv.incarnation * len(self.cluster.tasks())
-
-    def join_rpc(self, timeout: float, transports: Sequence[str]) -> List[str]:
-        """Join the RPC group as this incarnation (in place of the dead earlier ones), say in the store
-        that it is up, and start beating. Returns the RPC names of the dead incarnations dropped."""
+    def join_calls(self, host: str, security, heartbeat_timeout: float) -> List[str]:
+        """Serve remote calls as this incarnation, say in the store that it is up, and start beating.
+        Returns the call names of the dead earlier incarnations it replaces (nothing to undo for them:
+        a call to one of them fails, and callers look up the current one)."""
         rv = self.rendezvous
         me = rpc_name(rv.job, rv.index, rv.incarnation)
-        if rv.incarnation == 0:
-            _transport.start_rpc(self._store, me, self.rpc_rank(), timeout, transports=transports)
-            replaced = []
-        else:
-            dead = [rpc_name(rv.job, rv.index, k) for k in range(rv.incarnation)]
-            replaced = _transport.start_rpc_replacing(self._store, me, self.rpc_rank(), timeout, dead,
-                                                      transports=transports)
+        _transport.start_endpoint(self._store, me, host, security, heartbeat_timeout)
         self._store.add(rv.key("beat"), 1)  # a first beat before the new incarnation shows (see check_heartbeats)
         self._store.set(rv.key("incarnation"), str(rv.incarnation))
         rv.mark("up")
         self._start_heartbeat()
-        return replaced
+        return [rpc_name(rv.job, rv.index, k) for k in range(rv.incarnation)]
 
     def incarnation_of(self, job: str, index: int) -> int:
         """How many times the task has been restarted, as its current incarnation wrote in the store."""

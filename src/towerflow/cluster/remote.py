@@ -207,7 +207,7 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
         return RemoteFuture(future, f"/job:{here.job}/task:{here.task}")
     server = _server.current()
     task = f"/job:{spec.job or _logical.local_task().job}/task:{spec.task or 0}"
-    if server is None or not _transport.is_rpc_running():
+    if server is None or not _transport.is_endpoint_running():
         raise ClusterError(
             f"cannot run {name!r} on {task}: this process is not part of a cluster. Start "
             "towerflow.Server(...) first (or run under `towerflow launch`).",

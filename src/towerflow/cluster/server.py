@@ -2,8 +2,8 @@
 
 Starting a server holds the task's address, meets the other tasks in the rendezvous store
 (`rendezvous.py`: hosted by the launcher for a local cluster, else by the coordinator; same spec
-and token checked, slot claimed, every task waited for), then joins the RPC group that remote
-calls use and starts beating (`membership.py`: heartbeats, restarted incarnations). `join()`
+and token checked, slot claimed, every task waited for), then serves remote calls (`messaging.py`,
+its address published in the store) and starts beating (`membership.py`: heartbeats, restarted incarnations). `join()`
 blocks until every task is done (what a ps does) and then leaves cleanly.
 
 The façade takes its settings from the task environment (`towerflow.taskenv`); the rendezvous
@@ -25,7 +25,8 @@ from towerflow.cluster import environment as _env
 from towerflow.cluster import failures as _failures
 from towerflow.cluster.membership import Membership, rpc_name
 from towerflow.cluster.rendezvous import Rendezvous, host_rendezvous, say, task_name
-from towerflow.cluster.spec import ClusterLike, ClusterSpec
+from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
+from towerflow.cluster.wire_security import AUTHENTICATE, ENCRYPT, WireSecurity
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterError, ClusterSpecError, PeerLostError
 
@@ -56,7 +57,6 @@ class Server:
         *,
         token: Optional[str] = None,
         join_timeout: Optional[float] = None,
-        rpc_timeout: float = 0,
         start: bool = True,
         argv: Optional[Sequence[str]] = None,
     ):
@@ -84,9 +84,8 @@ class Server:
             self.binding = _addresses.binding_for(self.cluster, self.job_name, self.task_index)
         self.token = token or env.cluster_token()
         self.join_timeout = float(join_timeout) if join_timeout is not None else env.join_timeout
-        self.rpc_timeout = rpc_timeout
         self.heartbeat_timeout = env.heartbeat_timeout
-        self.rpc_transports = env.rpc_transports
+        self.wire_security = WireSecurity(env.wire_security or self._default_wire_security(), self.token)
         self.max_restarts = env.max_restarts
         restarts = env.restart_count
         store_address = env.store  # the launcher's store, when it hosts one
@@ -166,7 +165,7 @@ class Server:
         rv = self.rendezvous
         try:
             rv.meet(deadline, host=self.is_coordinator and rv.store_address is None)
-            self.replaced = self.membership.join_rpc(self.rpc_timeout, self.rpc_transports)
+            self.replaced = self.membership.join_calls(self._serving_host(), self.wire_security, self.heartbeat_timeout)
             rv.wait_for_all("up", deadline, "tasks connected")
         except BaseException:
             self._close(graceful=False)
@@ -175,15 +174,32 @@ class Server:
         _failures.leave_at_exit(rv.store, abort=self.abort, join=self.join)
         if self.incarnation > 0:
             me = rpc_name(self.job_name, self.task_index, self.incarnation)
-            say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as RPC member {me}; "
-                f"dropped the dead {self.replaced or 'none'}")
+            say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as {me}, in place of "
+                f"{', '.join(self.replaced) or 'none'}")
         return self
+
+    def _default_wire_security(self) -> str:
+        """Encrypted as soon as the cluster spans more than this machine's loopback; authenticated on it."""
+        if self.binding is not None:
+            return ENCRYPT if self.binding.multi_host else AUTHENTICATE
+        return ENCRYPT  # a torchrun-named rank: its peers' addresses are not known yet
+
+    def _serving_host(self) -> str:
+        """The address this task serves remote calls on: its own entry's, else the one it reaches the store from."""
+        if self.binding is not None:
+            return self.binding.host
+        store = self.rendezvous.store_address or self.cluster.task_address(*self._coordinator())
+        return _addresses.route_source(_addresses.resolve(split_address(store)[0])[0])
+
+    def _coordinator(self) -> tuple:
+        c = self.cluster.coordinator()
+        return c.job, c.task
 
     def _set_local_task(self) -> None:
         from towerflow.devices.logical import set_local_task
 
         set_local_task(self.job_name, self.task_index)  # device names and cached placements follow
-        if self.binding is not None:  # RPC (and any process group) on the interface of this task's address
+        if self.binding is not None:  # any process group on the interface of this task's address
             for name, value in self.binding.socket_environment().items():
                 _taskenv.set_default(name, value)
 

@@ -1,11 +1,10 @@
-"""The only code that talks to torch.distributed for the cluster: the rendezvous store and RPC.
+"""The cluster's two channels, behind one module: the rendezvous store and remote calls.
 
-Choice (measured in benchmarks/transport.py, numbers in docs/benchmarks.md): remote calls go
-through torch.distributed.rpc on TensorPipe. It matches c10d send/recv over gloo on large
-tensors, gives request/response with Python callables for free, and its dynamic groups
-(no world_size) let a task leave and a new one join, which the fault-tolerance work needs.
-The rendezvous is a c10d TCPStore hosted by the coordinator task at its cluster address.
-Swap this module to change either; nothing else imports torch.distributed.
+The rendezvous is a c10d TCPStore hosted by the launcher or the coordinator task at its cluster
+address (this module is the only cluster code that imports torch.distributed). Remote calls go
+through this process's ZeroMQ endpoint (`messaging.py`); a task is reachable once its endpoint's
+address is in the store, so joining costs one store write whatever the cluster's size
+(docs/scaling.md). Measured choices: docs/benchmarks.md, "Messaging".
 """
 
 from __future__ import annotations
@@ -13,13 +12,14 @@ from __future__ import annotations
 import datetime
 import socket
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 
-from towerflow import taskenv as _taskenv
-from towerflow.errors import ClusterJoinError
+from towerflow.cluster import messaging as _messaging
+from towerflow.cluster.wire_security import WireSecurity
+from towerflow.errors import ClusterError, ClusterJoinError
 
 Store = dist.Store
 
@@ -98,93 +98,36 @@ def prefix_store(prefix: str, store: Store) -> Store:
     return dist.PrefixStore(prefix, store)
 
 
-# TensorPipe's transports for the RPC control path (tensor payloads between processes of one host
-# go by CMA, one process_vm_readv copy, whichever is chosen). "shm" runs a reactor thread that
-# busy-polls a whole core for the life of the process, chosen or not: on a box with fewer cores
-# than tasks that halved training steps/s (docs/benchmarks.md), so TCP ("uv") is the default.
-RPC_TRANSPORTS = _taskenv.RPC_TRANSPORTS  # checked where the setting is read (taskenv)
-DEFAULT_RPC_TRANSPORTS = ("uv",)
+_endpoint: Optional[_messaging.Endpoint] = None  # this process's, while it is part of a cluster
+_ADDRESS_KEY = "calls/address/"  # + a task incarnation's call name: where its endpoint listens
 
 
-def start_rpc(store: Store, name: str, rank: int, timeout: float, num_threads: int = 16,
-              transports: Sequence[str] = DEFAULT_RPC_TRANSPORTS) -> None:
-    """Join the RPC group as `name`; dynamic membership (no world size) so tasks may come and go."""
-    import torch.distributed.autograd as dist_autograd
-    from torch.distributed import rpc
-    from torch.distributed.rpc.backend_registry import BackendType
+def start_endpoint(store: Store, name: str, host: str, security: WireSecurity, heartbeat_timeout: float) -> str:
+    """Serve remote calls as `name` on `host` and publish where in the store: from then on any task can call
+    this one (there is no group to join). Returns the address bound."""
+    global _endpoint
+    if _endpoint is not None:
+        raise ClusterJoinError(f"this process already serves remote calls as {_endpoint.name}; one task per process")
 
-    # `_transports` is read by the constructor only: an attribute set afterwards is silently ignored
-    options = rpc.TensorPipeRpcBackendOptions(rpc_timeout=timeout, num_worker_threads=num_threads,
-                                              _transports=list(transports))
-    dist_autograd._init(rank)  # init_rpc does this too; the agent refuses to start without it
-    rpc._init_rpc_backend(BackendType.TENSORPIPE, prefix_store("rpc", store), name, rank, None, options)
+    def resolve(peer: str) -> Optional[str]:
+        key = _ADDRESS_KEY + peer
+        try:
+            return store.get(key).decode() if store.check([key]) else None
+        except Exception:  # the store's host is gone: a peer not called before cannot be found
+            return None
 
-
-_MEMBERS_KEY = "names/_ALL_WORKER_INFOS"  # where torch's dynamic RPC group lists its members ("name-rank,...")
-
-
-def _forget_members(store: Store, names: Sequence[str]) -> List[Tuple[str, int]]:
-    """Remove `names` from the RPC group's member list in the store (under torch's membership token)."""
-    from torch.distributed.rpc._utils import _group_membership_management
-
-    rpc_store = prefix_store("rpc", store)
-    gone: List[Tuple[str, int]] = []
-    with _group_membership_management(rpc_store, f"evict_{names[0]}", True):
-        if not rpc_store.check([_MEMBERS_KEY]):
-            return gone
-        kept = []
-        for entry in rpc_store.get(_MEMBERS_KEY).decode().split(","):
-            if not entry:
-                continue
-            name, rank = entry.rsplit("-", 1)
-            if name in names:
-                gone.append((name, int(rank)))
-            else:
-                kept.append(entry + ",")
-        rpc_store.set(_MEMBERS_KEY, "".join(kept))
-    return gone
-
-
-def _drop_peer(name: str, rank: int) -> None:
-    """Runs on a live member: forget a dead one, as if it had left (torch's own leave message)."""
-    from torch.distributed import rpc
-    from torch.distributed.rpc._utils import _update_group_membership
-
-    _update_group_membership(rpc.WorkerInfo(name, rank), [], {}, False)
-
-
-def start_rpc_replacing(store: Store, name: str, rank: int, timeout: float, dead: Sequence[str],
-                        transports: Sequence[str] = DEFAULT_RPC_TRANSPORTS) -> List[str]:
-    """Join as `name` in place of dead members (killed, so they never left).
-
-    torch's dynamic group would call every listed member while this task joins, and again
-    when anyone leaves, and a killed one never answers: so the dead are taken off the list
-    in the store first, and once joined this task tells each live member to drop them too.
-    Returns the names that were dropped.
-    """
-    gone = _forget_members(store, list(dead)) if dead else []
-    start_rpc(store, name, rank, timeout, transports=transports)
-    for peer in peers():
-        if peer != name:
-            for dead_name, dead_rank in gone:
-                call_async(peer, _drop_peer, args=(dead_name, dead_rank)).wait()
-    return [n for n, _ in gone]
+    endpoint = _messaging.Endpoint(name, host, security, resolve, heartbeat_timeout)
+    store.set(_ADDRESS_KEY + name, endpoint.address)
+    _endpoint = endpoint
+    return endpoint.address
 
 
 def is_peer_lost(error: BaseException) -> bool:
-    """Whether a failed remote call failed because the other task is gone (killed, its host down),
-    rather than because the called function raised: TensorPipe's own errors ('eof', 'ECONNREFUSED',
-    'ECONNRESET', ... 'this error originated at tensorpipe/...') and calls to a member that was dropped
-    or is no longer in this task's member list (it left the group)."""
+    """Whether a failed remote call failed because the other task is gone (its process ended, its host went
+    away, or it was replaced by a restarted incarnation), rather than because the called function raised."""
     from towerflow.cluster.shm_link import LinkClosed
 
-    if isinstance(error, LinkClosed):  # a same-host link's other end ended
-        return True
-    if not isinstance(error, RuntimeError):
-        return False
-    text = str(error)
-    return any(s in text for s in ("LinkClosed: ", "originated at tensorpipe/", "Unknown destination worker", "ECONNREFUSED",
-                                   "could not find destination name"))
+    return isinstance(error, (LinkClosed, _messaging.PeerGone))
 
 
 def is_group_peer_lost(error: BaseException) -> bool:
@@ -204,53 +147,32 @@ def group_store() -> Optional[Store]:
     return dist.distributed_c10d._get_default_store()
 
 
-def stop_rpc(graceful: bool = True, everyone_leaving: Optional[Callable[[], None]] = None) -> None:
-    """Leave the RPC group (graceful: tell the others first) and stop the agent.
-
-    `everyone_leaving`, for a whole cluster ending together, is a barrier over all members: each
-    one leaves the group (which marks its agent as shutting down), waits in it, and only then
-    closes its connections. Without it, whoever closes first makes every member still running log
-    a TensorPipe warning per connection ("encountered error when reading incoming request ... EOF").
-    """
-    from torch.distributed import rpc
-
-    if not is_rpc_running():
+def stop_endpoint(graceful: bool = True, everyone_leaving: Optional[Callable[[], None]] = None) -> None:
+    """Stop serving and calling. `everyone_leaving`, for a whole cluster ending together, is a barrier
+    over all tasks passed before closing, so no task closes while another still waits on a reply of its."""
+    global _endpoint
+    endpoint = _endpoint
+    if endpoint is None:
         return
     if graceful and everyone_leaving is not None:
-        rpc.api._get_current_rpc_agent().join(shutdown=True)  # dynamic group: waits for our calls, leaves
         everyone_leaving()
-        rpc.shutdown(graceful=False)  # the members have all left: just close
-    else:
-        rpc.shutdown(graceful=graceful)
+    _endpoint = None
+    endpoint.close(linger_s=2.0 if graceful else 0.0)
 
 
-def is_rpc_running() -> bool:
-    from torch.distributed.rpc import api
-
-    return api._is_current_rpc_agent_set()
+def is_endpoint_running() -> bool:
+    return _endpoint is not None
 
 
-def peers() -> Tuple[str, ...]:
-    """Names of the tasks this task can currently reach by RPC."""
-    from torch.distributed import rpc
-
-    return tuple(w.name for w in rpc._get_current_rpc_agent().get_worker_infos())
-
-
-def call_async(to: str, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, timeout: float = -1) -> torch.futures.Future:
-    """Run fn(*args, **kwargs) on task `to`; tensors in args and the result travel as tensors."""
-    from torch.distributed import rpc
-
-    return rpc.rpc_async(to, fn, args=args, kwargs=kwargs or {}, timeout=timeout)
+def call_async(to: str, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, timeout: float = 0) -> torch.futures.Future:
+    """Run fn(*args, **kwargs) on task `to` (its call name); tensors in args and the result travel as frames.
+    `timeout` > 0: the future fails with ClusterTimeoutError when no reply came by then."""
+    if _endpoint is None:
+        raise ClusterError(f"cannot call {to}: this process serves no endpoint (start towerflow.Server first)", task=to)
+    return _endpoint.call(to, fn, args, kwargs, timeout)
 
 
-def deferred(fn: Callable) -> Callable:
-    """Mark a module-level call target that returns a torch Future: the reply goes out when the
-    future completes, and no server thread is held while it waits (a ps holding a pull until
-    its step comes, for example). This is torch's `rpc.functions.async_execution`."""
-    from torch.distributed import rpc
-
-    return rpc.functions.async_execution(fn)
+deferred = _messaging.deferred
 
 
 def replica_group_store(host: str, port: int, is_master: bool, timeout: float) -> dist.TCPStore:

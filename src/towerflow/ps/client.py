@@ -112,7 +112,7 @@ class PSClient:
         return rejoined
 
     def create(self, ch: Channel, state: Optional[dict] = None, finished: Sequence[int] = (), open_now: bool = False,
-               restored_for: Optional[str] = None):
+               restored_for: Sequence[str] = ()):
         """Ask `ch`'s ps task to hold its shards (with `state`, a checkpoint, when restoring); a future of the step."""
         cls, settings = self._optimizer
         shard_values = {}
@@ -122,7 +122,7 @@ class PSClient:
             shard_values[name] = value.detach().to("cpu")[rows == ch.task]
         request = CreateShards(ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy,
                                state, tuple(finished), open_now, ch.task, tuple(self.tables.values()), shard_values,
-                               self._row_optimizer, restored_for)
+                               self._row_optimizer, tuple(restored_for))
         return self.call(ch, endpoints.create, request)
 
     def rejoin(self, restarted: bool, wait_open: bool = True, after_restore_of: Optional[str] = None) -> List[Rejoined]:

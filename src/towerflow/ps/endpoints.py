@@ -69,8 +69,8 @@ def create(model: str, request: CreateShards) -> int:
         step = service.coordinator.global_step
     if request.open_now:
         open_model(model)
-    if request.restored_for is not None:
-        _mark_restored(model, request.restored_for, step)
+    for incarnation in request.restored_for:
+        _mark_restored(model, incarnation, step)
     return step
 
 

@@ -57,7 +57,7 @@ class CreateShards:
     tables: Tuple[TableSpec, ...] = ()  # embedding tables: shard `task` of each lives on ps task `task`
     table_values: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # this task's shards, when sent
     row_optimizer: Optional[RowOptimizer] = None
-    restored_for: Optional[str] = None  # a restore after this restarted ps incarnation (its RPC name) came back
+    restored_for: Tuple[str, ...] = ()  # a restore after these restarted ps incarnations (their call names) came back
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 from towerflow.errors import ParameterServerError
 
@@ -43,31 +43,44 @@ class Recovery:
 
     def recover(self, lost: PSLost) -> None:
         """Wait for the launcher to restart the lost ps; the chief restores every ps task, all pull
-        the restored values and go on; the recovery is logged and kept in `recoveries`."""
+        the restored values and go on; the recovery is logged and kept in `recoveries`. Another ps task
+        lost meanwhile (two at once, or one more during the restore) is waited for too, and the restore
+        runs again with every lost task back."""
         client = self.client
         seen = time.monotonic()
         before = client.global_step
-        if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
-            self._say(f"lost /job:ps/task:{lost.task} at global step {before} ({lost.error}); waiting for its restart")
-        self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
-        client.follow_restarts()
-        back_as = self.server.rpc_name_of("ps", lost.task)  # the restarted incarnation: this recovery's name
-        source = self.restore_ps(back_as) if client.is_chief else None
-        client.rejoin(restarted=False, after_restore_of=back_as)
-        client.install(client.pull())
+        lost_tasks = {lost.task: lost}
+        while True:
+            for gone in lost_tasks.values():
+                if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
+                    self._say(f"lost /job:ps/task:{gone.task} at global step {before} ({gone.error}); waiting for "
+                              "its restart")
+                self.server.wait_for_restart("ps", gone.task, gone.name, str(gone.error))
+            client.follow_restarts()
+            back_as = [self.server.rpc_name_of("ps", t) for t in sorted(lost_tasks)]  # this recovery's names
+            try:
+                source = self.restore_ps(back_as) if client.is_chief else None
+                client.rejoin(restarted=False, after_restore_of=back_as[-1])
+                client.install(client.pull())
+                break
+            except PSLost as again:
+                lost_tasks[again.task] = again
         took = time.monotonic() - seen
-        record = {"ps_task": lost.task, "lost_at_step": before, "resumed_at_step": client.global_step,
-                  "steps_lost": max(0, before - client.global_step), "seconds": round(took, 2)}
+        tasks = sorted(lost_tasks)
+        record = {"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
+                  "resumed_at_step": client.global_step, "steps_lost": max(0, before - client.global_step),
+                  "seconds": round(took, 2)}
         if source is not None:
             record["checkpoint"] = source
         self.recoveries.append(record)
         what = f"restored every ps task from {os.path.basename(source)}" if source else "the chief restored the ps tasks"
-        back_at = next((ch.to for ch in client.channels if ch.task == lost.task), "?")
-        self._say(f"/job:ps/task:{lost.task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
-                  f"lost: {record['steps_lost']} global steps since that checkpoint and the gradient in flight; "
-                  f"{took:.2f} s from seeing the loss to training again")
+        for task in tasks:
+            back_at = next((ch.to for ch in client.channels if ch.task == task), "?")
+            self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
+                      f"lost: {record['steps_lost']} global steps since that checkpoint and the gradient in flight; "
+                      f"{took:.2f} s from seeing the loss to training again")
 
-    def restore_ps(self, restored_for: Optional[str] = None) -> str:
+    def restore_ps(self, restored_for: Sequence[str] = ()) -> str:
         """Chief: put every ps task back to the newest checkpoint (a restarted one comes back empty); its path."""
         client = self.client
         found = self.restore_source() if self.restore_source is not None else None

@@ -1,0 +1,342 @@
+"""Remote calls between tasks on ZeroMQ: one serving socket per task, a connection per peer called.
+
+Each task binds one ROUTER socket on the interface of its cluster address and publishes where
+(`tcp://host:port`) in the rendezvous store under its call name; a caller looks the name up once,
+connects a DEALER socket to it on the first call and keeps it. Joining is writing one key: no
+group, no membership round, no token to hold. A restarted task binds anew under a new name.
+
+One thread per process owns every socket (ZeroMQ sockets are not thread-safe): callers hand it
+their calls through an inproc queue and wait on a torch Future; the thread sends, receives,
+completes futures and dispatches incoming calls. A called function marked `deferred` runs on
+that thread and returns a future (it must not block: a ps holds a sync pull that way); any other
+runs on a pool of threads. A peer's connection that closes (its process ended), never opens
+(nothing listens there any more) or misses ZeroMQ's heartbeats (its host went away) fails the
+calls waiting on it with `PeerGone`; a peer that refuses this task's credentials fails them
+with ClusterJoinError.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from towerflow.cluster import wire
+from towerflow.cluster.wire_security import WireSecurity
+from towerflow.errors import ClusterJoinError, ClusterTimeoutError
+
+_DEFERRED = "_towerflow_deferred"
+_HEARTBEAT_EVERY_MS = 1000
+_WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_CALL, _REPLY, _STOP = b"c", b"r", b"s"  # what the outbox carries to the socket thread
+
+
+class PeerGone(RuntimeError):
+    """Raised on a call whose task is gone: its process ended, its host went away, or it never existed."""
+
+    def __init__(self, message: str, task: str = ""):
+        super().__init__(message)
+        self.task = task
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.task))
+
+
+def deferred(fn: Callable) -> Callable:
+    """Mark a call target that returns a torch Future: the reply goes out when it completes, and it
+    runs on the socket thread, so it must not block (it returns at once and completes later)."""
+    setattr(fn, _DEFERRED, True)
+    return fn
+
+
+def _zmq_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+class _Peer:
+    """A connection to one task, owned by the socket thread."""
+
+    def __init__(self, name: str, address: str, socket: zmq.Socket, monitor: zmq.Socket):
+        self.name, self.address, self.socket, self.monitor = name, address, socket, monitor
+        self.is_up = False
+        self.failure: Optional[BaseException] = None  # set once: the peer is gone for good
+
+
+class Endpoint:
+    """This task's serving socket, its connections to the tasks it calls, and the thread that owns them."""
+
+    def __init__(self, name: str, host: str, security: WireSecurity, resolve: Callable[[str], Optional[str]],
+                 heartbeat_timeout: float, threads: int = 16):
+        self.name = name
+        self._resolve = resolve
+        self._security = security
+        self._heartbeat_timeout_ms = max(int(heartbeat_timeout * 1000), 2 * _HEARTBEAT_EVERY_MS)
+        self._context = zmq.Context()
+        self._gate = security.start_gate(self._context, name)
+        self._server = self._context.socket(zmq.ROUTER)
+        self._server.ipv6 = ":" in host
+        security.serve(self._server)
+        port = self._server.bind_to_random_port(f"tcp://{_zmq_host(host)}")
+        self.address = f"tcp://{_zmq_host(host)}:{port}"
+        inbox = f"inproc://towerflow-outbox-{id(self)}"
+        self._outbox_in = self._context.socket(zmq.PULL)
+        self._outbox_in.bind(inbox)
+        self._outbox = self._context.socket(zmq.PUSH)
+        self._outbox.sndhwm = 0
+        self._outbox.connect(inbox)
+        self._outbox_lock = threading.Lock()
+        self._addresses: Dict[str, str] = {}
+        self._peers: Dict[str, _Peer] = {}  # socket thread only, as is _by_socket
+        self._by_socket: Dict[zmq.Socket, _Peer] = {}  # a peer's DEALER and its monitor socket
+        self._pending: Dict[int, Tuple[torch.futures.Future, str, float]] = {}  # call id -> (future, peer, deadline)
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"towerflow-call {name}")
+        self._poller = zmq.Poller()
+        for s in (self._server, self._outbox_in):
+            self._poller.register(s, zmq.POLLIN)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"towerflow-messaging {name}", daemon=True)
+        self._thread.start()
+
+    # ---- the caller's side (any thread)
+
+    def call(self, to: str, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None,
+             timeout: float = 0) -> torch.futures.Future:
+        """Run fn(*args, **kwargs) on task `to`; a future of its value. `timeout` > 0: fail after that many seconds."""
+        future: torch.futures.Future = torch.futures.Future()
+        if self._stopped.is_set():
+            future.set_exception(PeerGone(f"{self.name} has left the cluster: it calls no task any more", to))
+            return future
+        address = self._addresses.get(to) or self._lookup(to)
+        if address is None:
+            future.set_exception(PeerGone(f"no task named {to!r} has joined the cluster (it was never started, or "
+                                          "it was replaced by a restarted incarnation)", to))
+            return future
+        call_id = next(self._ids)
+        frames = wire.encode(call_id, wire.Call(fn, args, kwargs))
+        with self._pending_lock:
+            self._pending[call_id] = (future, to, time.monotonic() + timeout if timeout > 0 else 0.0)
+        self._post([_CALL, to.encode(), address.encode(), *frames])
+        return future
+
+    def _lookup(self, to: str) -> Optional[str]:
+        address = self._resolve(to)
+        if address is not None:
+            self._addresses[to] = address
+        return address
+
+    def _post(self, frames: List[Any]) -> None:
+        with self._outbox_lock:
+            if not self._outbox.closed:  # closed: this task has left, and its late replies go nowhere
+                self._outbox.send_multipart(frames, copy=False)
+
+    # ---- the socket thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                for socket, _ in self._poller.poll(self._poll_ms()):
+                    if socket is self._server:
+                        self._serve(socket.recv_multipart(copy=False))
+                    elif socket is self._outbox_in:
+                        if not self._from_outbox(socket.recv_multipart(copy=False)):
+                            return
+                    else:
+                        self._from_peer(socket)
+                self._expire()
+        finally:
+            self._close_sockets()
+
+    def _poll_ms(self) -> int:
+        with self._pending_lock:
+            deadlines = [d for _, _, d in self._pending.values() if d]
+        return -1 if not deadlines else max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
+
+    def _from_outbox(self, frames: List[zmq.Frame]) -> bool:
+        kind = frames[0].bytes
+        if kind == _REPLY:
+            self._server.send_multipart(frames[1:], copy=False)
+        elif kind == _CALL:
+            peer = self._peer(frames[1].bytes.decode(), frames[2].bytes.decode())
+            if peer.failure is not None:
+                self._fail_call(wire.envelope(frames[3])[1], peer.failure)
+            else:
+                peer.socket.send_multipart(frames[3:], copy=False)
+        else:
+            return False
+        return True
+
+    def _peer(self, name: str, address: str) -> _Peer:
+        peer = self._peers.get(name)
+        if peer is None:
+            socket = self._context.socket(zmq.DEALER)
+            socket.linger = 0
+            socket.ipv6 = address.startswith("tcp://[")
+            socket.heartbeat_ivl = _HEARTBEAT_EVERY_MS
+            socket.heartbeat_timeout = self._heartbeat_timeout_ms
+            socket.connect_timeout = self._heartbeat_timeout_ms
+            self._security.dial(socket)
+            monitor = socket.get_monitor_socket(_WATCHED)
+            socket.connect(address)
+            peer = self._peers[name] = _Peer(name, address, socket, monitor)
+            for s in (socket, monitor):
+                self._poller.register(s, zmq.POLLIN)
+                self._by_socket[s] = peer
+        return peer
+
+    def _from_peer(self, socket: zmq.Socket) -> None:
+        peer = self._by_socket[socket]
+        if socket is peer.socket:
+            self._reply_arrived(peer, socket.recv_multipart(copy=False))
+        else:
+            self._peer_event(peer, recv_monitor_message(socket)["event"])
+
+    def _reply_arrived(self, peer: _Peer, frames: List[zmq.Frame]) -> None:
+        kind, call_id, _ = wire.envelope(frames[0])
+        with self._pending_lock:
+            entry = self._pending.pop(call_id, None)
+        if entry is None:
+            return  # timed out before it came
+        future = entry[0]
+        try:
+            message = wire.decode(frames)
+        except Exception as e:
+            future.set_exception(e)
+            return
+        if kind == wire.REPLY:
+            future.set_result(message.value)
+        else:
+            future.set_exception(message.exception(peer.name))
+
+    def _peer_event(self, peer: _Peer, event: int) -> None:
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            peer.is_up = True
+            return
+        if peer.failure is not None:
+            return
+        if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+            error: BaseException = ClusterJoinError(
+                f"{peer.name} at {peer.address} refused the connection of {self.name}: the two tasks have different "
+                "cluster tokens (TOWERFLOW_CLUSTER_TOKEN) or wire security settings (TOWERFLOW_WIRE_SECURITY). Give "
+                "every task of the cluster the same ones.", task=peer.name)
+        elif event == zmq.EVENT_DISCONNECTED:
+            error = PeerGone(f"the connection from {self.name} to {peer.name} at {peer.address} closed: its process "
+                             "ended, or its host stopped answering ZeroMQ's heartbeats", peer.name)
+        elif event == zmq.EVENT_CONNECT_RETRIED and not peer.is_up:
+            error = PeerGone(f"{self.name} cannot connect to {peer.name} at {peer.address}: nothing listens there "
+                             "any more (its process ended)", peer.name)
+        else:
+            return
+        self._lose(peer, error)
+
+    def _lose(self, peer: _Peer, error: BaseException) -> None:
+        """The peer is gone for good (a restarted task comes back under another name): fail its calls."""
+        peer.failure = error
+        for s in (peer.socket, peer.monitor):
+            self._poller.unregister(s)
+            del self._by_socket[s]
+        peer.socket.disable_monitor()
+        peer.monitor.close(0)
+        peer.socket.close(0)
+        with self._pending_lock:
+            lost = [cid for cid, (_, to, _) in self._pending.items() if to == peer.name]
+        for cid in lost:
+            self._fail_call(cid, error)
+
+    def _fail_call(self, call_id: int, error: BaseException) -> None:
+        with self._pending_lock:
+            entry = self._pending.pop(call_id, None)
+        if entry is not None:
+            entry[0].set_exception(error)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._pending_lock:
+            late = [(cid, to) for cid, (_, to, d) in self._pending.items() if d and d <= now]
+        for cid, to in late:
+            self._fail_call(cid, ClusterTimeoutError(f"a call from {self.name} to {to} got no reply within its "
+                                                     "deadline", task=to))
+
+    # ---- the serving side
+
+    def _serve(self, frames: List[zmq.Frame]) -> None:
+        routing, body = frames[0], frames[1:]
+        call_id = wire.envelope(body[0])[1]
+        try:
+            call = wire.decode(body)
+            fn = call.fn
+        except Exception as e:
+            return self._answer(routing, call_id, None, e)
+        if getattr(fn, _DEFERRED, False):
+            try:
+                result = fn(*call.args, **(call.kwargs or {}))
+            except Exception as e:
+                return self._answer(routing, call_id, None, e)
+            result.add_done_callback(lambda f: self._answer_future(routing, call_id, f))
+        else:
+            self._pool.submit(self._run_call, routing, call_id, call)
+
+    def _run_call(self, routing: zmq.Frame, call_id: int, call: wire.Call) -> None:
+        try:
+            value = call.fn(*call.args, **(call.kwargs or {}))
+        except Exception as e:
+            return self._answer(routing, call_id, None, e)
+        self._answer(routing, call_id, value, None)
+
+    def _answer_future(self, routing: zmq.Frame, call_id: int, future: torch.futures.Future) -> None:
+        try:
+            value = future.value()
+        except Exception as e:
+            return self._answer(routing, call_id, None, e)
+        self._answer(routing, call_id, value, None)
+
+    def _answer(self, routing: zmq.Frame, call_id: int, value: Any, error: Optional[BaseException]) -> None:
+        message = wire.Reply(value) if error is None else wire.failure_of(error, traceback.format_exc())
+        try:
+            frames = wire.encode(call_id, message)
+        except Exception as e:  # the value does not pickle: say so instead of leaving the caller waiting
+            frames = wire.encode(call_id, wire.failure_of(e, traceback.format_exc()))
+        if threading.current_thread() is self._thread:
+            self._server.send_multipart([routing, *frames], copy=False)
+        else:
+            self._post([_REPLY, routing, *frames])
+
+    # ---- stopping
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Stop: replies already queued get `linger_s` seconds to leave; calls still waiting fail."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._linger_ms = int(linger_s * 1000)
+        self._post([_STOP])
+        self._thread.join(10.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._pending_lock:
+            waiting, self._pending = list(self._pending.values()), {}
+        for future, to, _ in waiting:
+            future.set_exception(PeerGone(f"{self.name} left the cluster while its call to {to} was waiting", to))
+        self._gate.stop()
+        self._context.destroy(linger=0)
+
+    def _close_sockets(self) -> None:
+        linger = getattr(self, "_linger_ms", 0)
+        for peer in self._peers.values():
+            if peer.failure is None:
+                peer.socket.disable_monitor()
+                peer.monitor.close(0)
+                peer.socket.close(0)
+        self._server.close(linger)
+        self._outbox_in.close(0)
+        with self._outbox_lock:
+            self._outbox.close(0)

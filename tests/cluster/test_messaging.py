@@ -1,0 +1,197 @@
+"""The messaging layer alone: two endpoints, what crosses, what fails and how, who is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from towerflow.cluster import messaging
+from towerflow.cluster.wire_security import AUTHENTICATE, ENCRYPT, WireSecurity
+from towerflow.errors import ClusterJoinError, ClusterTimeoutError, RemoteError
+
+_calls_run = []
+_never: list = []
+_unpickled = []
+
+
+def _echo(*args, **kwargs):
+    _calls_run.append(1)
+    return args, kwargs
+
+
+@messaging.deferred
+def _later(value):
+    future = torch.futures.Future()
+    _never.append((future, value))
+    return future
+
+
+@messaging.deferred
+def _never_answers():
+    future = torch.futures.Future()
+    _never.append((future, None))
+    return future
+
+
+def _raises(kind: str):
+    if kind == "value":
+        raise ValueError("the bad value 7")
+
+    class Local(Exception):  # a class pickle cannot find by name
+        pass
+
+    raise Local("not picklable")
+
+
+class _Tripwire:
+    """Unpickling it leaves a mark: a message from a stranger must never get that far."""
+
+    def __reduce__(self):
+        return (_unpickled.append, ("unpickled",))
+
+
+@pytest.fixture
+def endpoints():
+    made = []
+
+    def make(name, token="t", mode=AUTHENTICATE, book=None):
+        ep = messaging.Endpoint(name, "127.0.0.1", WireSecurity(mode, token), lambda peer: (book or {}).get(peer), 10.0)
+        made.append(ep)
+        return ep
+
+    yield make
+    for ep in made:
+        ep.close()
+    _never.clear()
+    _calls_run.clear()
+    _unpickled.clear()
+
+
+@pytest.mark.parametrize("mode", [AUTHENTICATE, ENCRYPT])
+def test_tensors_of_every_kind_arrive_as_they_were_sent(endpoints, mode):
+    server = endpoints("server", mode=mode)
+    client = endpoints("client", mode=mode, book={"server": server.address})
+    weight = torch.nn.Parameter(torch.randn(3, 2))
+    sent = {
+        "bf16": torch.randn(5, 4).to(torch.bfloat16),
+        "bool": torch.tensor([True, False]),
+        "int64": torch.arange(6).reshape(2, 3),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0, 7),
+        "strided": torch.arange(20.).reshape(4, 5).t(),
+        "grad": torch.ones(2, requires_grad=True),
+        "big": torch.randn(300_000),  # over ZeroMQ's copy threshold: sent from the tensor's own memory
+        "sparse": torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,), check_invariants=True),
+    }
+    (args, kwargs) = client.call("server", _echo, (weight,), sent).wait()
+    assert isinstance(args[0], torch.nn.Parameter) and torch.equal(args[0], weight) and args[0].requires_grad
+    for name, tensor in sent.items():
+        got = kwargs[name]
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
+        assert torch.equal(got.to_dense(), tensor.detach().to_dense()), name
+    assert kwargs["grad"].requires_grad and not kwargs["int64"].requires_grad
+
+
+def test_a_deferred_call_is_answered_when_its_future_completes(endpoints):
+    server = endpoints("server")
+    client = endpoints("client", book={"server": server.address})
+    reply = client.call("server", _later, (41,))
+    deadline = time.monotonic() + 5
+    while not _never and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not reply.done()
+    future, value = _never[0]
+    future.set_result(value + 1)
+    assert reply.wait() == 42
+
+
+def test_the_remote_exception_comes_back_as_itself_or_as_a_remote_error_naming_it(endpoints):
+    server = endpoints("server")
+    client = endpoints("client", book={"server": server.address})
+    with pytest.raises(ValueError, match="the bad value 7"):
+        client.call("server", _raises, ("value",)).wait()
+    with pytest.raises(RemoteError, match="Local on server: not picklable") as e:
+        client.call("server", _raises, ("local",)).wait()
+    assert "raise Local" in e.value.remote_traceback
+
+
+def test_a_call_to_a_name_nobody_published_fails_at_once_as_a_lost_peer(endpoints):
+    client = endpoints("client")
+    with pytest.raises(messaging.PeerGone, match="no task named 'ps:0:r3' has joined"):
+        client.call("ps:0:r3", _echo).wait()
+
+
+def test_a_call_past_its_deadline_fails_naming_the_task(endpoints):
+    server = endpoints("server")
+    client = endpoints("client", book={"server": server.address})
+    start = time.monotonic()
+    with pytest.raises(ClusterTimeoutError, match="to server got no reply within its deadline"):
+        client.call("server", _never_answers, timeout=0.5).wait()
+    assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("mode", [AUTHENTICATE, ENCRYPT])
+def test_a_peer_with_another_token_is_refused_before_anything_is_unpickled(endpoints, mode, capfd):
+    server = endpoints("server", token="right", mode=mode)
+    stranger = endpoints("stranger", token="wrong", mode=mode, book={"server": server.address})
+    with pytest.raises(ClusterJoinError, match="server at tcp://127.0.0.1:.* refused the connection of stranger"):
+        stranger.call("server", _echo, (_Tripwire(),), timeout=10).wait()
+    assert _calls_run == [] and _unpickled == []
+    if mode == AUTHENTICATE:  # CURVE refuses a wrong key in the handshake itself, before the gate is asked
+        assert "server refused a connection from 127.0.0.1" in capfd.readouterr().err
+    friend = endpoints("friend", token="right", mode=mode, book={"server": server.address})
+    friend.call("server", _echo, (1,)).wait()
+    assert _calls_run == [1]
+
+
+def test_a_call_after_close_fails_instead_of_waiting(endpoints):
+    client = endpoints("client")
+    client.close()
+    with pytest.raises(messaging.PeerGone, match="has left the cluster"):
+        client.call("server", _echo).wait()
+
+
+_PEER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from towerflow.cluster import messaging
+    from towerflow.cluster.wire_security import WireSecurity
+    import test_messaging
+    ep = messaging.Endpoint("peer", "127.0.0.1", WireSecurity("authenticate", "t"), lambda n: None, 10.0)
+    print(ep.address, flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("moment", ["waiting on a reply", "before the first call"])
+def test_a_killed_peer_fails_the_calls_waiting_on_it_and_the_next_ones(endpoints, moment):
+    code = _PEER.format(tests=os.path.dirname(__file__))
+    peer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        address = peer.stdout.readline().strip()
+        assert address.startswith("tcp://127.0.0.1:")
+        client = endpoints("client", book={"peer": address})
+        if moment == "waiting on a reply":
+            waiting = client.call("peer", _never_answers)
+            time.sleep(0.5)
+            assert not waiting.done()
+        peer.send_signal(signal.SIGKILL)
+        peer.wait(10)
+        start = time.monotonic()
+        if moment == "waiting on a reply":
+            with pytest.raises(messaging.PeerGone, match="connection from client to peer .* closed"):
+                waiting.wait()
+        with pytest.raises(messaging.PeerGone, match="peer"):
+            client.call("peer", _echo).wait()
+        assert time.monotonic() - start < 5
+    finally:
+        peer.kill()
+        peer.wait(10)
