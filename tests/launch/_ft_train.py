@@ -18,6 +18,10 @@ DIR/kill-me when it is there, so that the test's SIGKILL lands exactly then (no 
   waiting for worker 1, and the restarted worker 1 starts its Server only once the cluster has
   ended (the order of the failure issue 13 reported);
 * raise: worker 1's first incarnation raises after its first 20 steps (its own error, not a kill);
+* joining, joining_served: worker 1's restarted incarnation (the test kills the first one after its
+  20 steps) stops inside its join (slot claimed; its endpoint not serving yet, or serving and
+  published) and writes "PID 0" to DIR/kill-me; it goes on once the test has killed another task
+  and written DIR/killed;
 * sync_round: the chief and worker 2 stop at their step 20 (until DIR/resume exists) and the chief
   writes "GLOBAL_STEP" to DIR/kill-me once worker 1's pull waits at the ps for a round they will
   not complete.
@@ -71,7 +75,22 @@ if moment == "ended" and me == ("worker", "1") and restart > 0:  # start only on
             sys.exit("_ft_train: the cluster never ended")
         time.sleep(0.05)
 
-server = towerflow.Server()
+server = towerflow.Server(start=False)
+if moment.startswith("joining") and me == ("worker", "1") and restart > 0:  # hold the restarted worker in its join
+    join_calls = server.membership.join_calls
+
+    def held_join(*args, **kwargs):
+        if moment == "joining":  # slot claimed, endpoint not serving yet
+            note("kill-me", f"{os.getpid()} 0")
+            wait_for_file("killed")
+        replaced = join_calls(*args, **kwargs)
+        if moment == "joining_served":  # endpoint serving and published, the others not seen up yet
+            note("kill-me", f"{os.getpid()} 0")
+            wait_for_file("killed")
+        return replaced
+
+    server.membership.join_calls = held_join
+server.start()
 if server.job_name == "ps":
     server.join()
     sys.exit(0)

@@ -74,3 +74,30 @@ def test_a_worker_killed_at_any_moment_is_restarted_and_the_run_ends_well(launch
         assert int(rejoined.group(1)) >= killed_at >= int(STEPS), run.describe()
         assert rejoined.group(3) == "nothing: it had finished training before it was killed, so it trains no more"
         assert int(after.group(1)) == 0, run.out
+
+
+@pytest.mark.parametrize("moment", ["joining", "joining_served"])
+def test_the_chief_killed_while_another_task_is_joining_does_not_stop_the_join(launcher, tmp_path, moment):
+    victim = "/job:worker/task:0"  # a ps lost here needs a checkpoint to come back from: tests/ps/test_ctr_example.py
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--max-restarts", "1",
+                          TRAIN, str(tmp_path), STEPS, moment)
+    wait_until(lambda: "towerflow launch: started" in run.err, 30, "the launch to start its tasks")
+    started = re.search(r"towerflow launch: started (.*)", run.err).group(1)
+    pids = {name: int(pid) for name, pid in re.findall(r"(/job:\w+/task:\d+) \(pid (\d+)\)", started)}
+    first = tmp_path / "worker:1.0.pid"
+    wait_until(lambda: first.exists() or run.popen.poll() is not None, 60, "worker 1 to train 20 steps")
+    assert first.exists(), run.describe()
+    os.kill(int(first.read_text().split()[0]), signal.SIGKILL)
+    _kill_at_the_moment_of(run, tmp_path, pids[victim])  # worker 1's restart is inside its join now
+    assert run.wait(90) == 0, run.describe()
+    assert "[worker:1] towerflow: /job:worker/task:1 rejoined the cluster (restart 1)" in run.err, run.describe()
+    assert re.search(rf"{re.escape(victim)} \(pid \d+\) was killed by signal 9; restarting it", run.err), run.describe()
+    _assert_fit(run)
+
+
+def _kill_at_the_moment_of(run, folder: Path, pid: int) -> None:
+    marker = folder / "kill-me"
+    wait_until(lambda: marker.exists() or run.popen.poll() is not None, 60, "worker 1's restart to be joining")
+    assert marker.exists(), run.describe()
+    os.kill(pid, signal.SIGKILL)
+    (folder / "killed").write_text("")

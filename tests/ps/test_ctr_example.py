@@ -60,3 +60,26 @@ def test_ctr_on_two_ps_survives_killed_ps_tasks_and_reaches_the_best_auc(launche
     assert wire and int(wire.group(1)) <= 1.1 * int(wire.group(2)), run.out
     assert len(re.findall(r"restored every ps task from ckpt-\d+\.pt", run.err)) >= 2, run.err
     print(f"ps:1 back after {first_s:.1f} s, ps:0 after {second_s:.1f} s; test auc {test_auc} (best {best})")
+
+
+@pytest.mark.parametrize("moment", ["at once", "one during the other's recovery"])
+def test_two_ps_tasks_lost_together_are_both_waited_for_and_restored(launcher, tmp_path, moment):
+    logdir = tmp_path / "run"
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--max-restarts", "1",
+                          "--logdir", str(logdir), EXAMPLE, "--rows", "10000", "--steps", "300",
+                          "--test-size", "20000", "--save-checkpoint-steps", "40")
+    wait_until(lambda: "towerflow launch: started" in run.err, 30, "the launch to start its tasks")
+    started = re.search(r"towerflow launch: started (.*)", run.err).group(1)
+    pids = {name: int(pid) for name, pid in re.findall(r"(/job:\w+/task:\d+) \(pid (\d+)\)", started)}
+    wait_until(lambda: any(s >= 40 for s in _checkpoint_steps(logdir)) or run.popen.poll() is not None, 120,
+               "a checkpoint after some training")
+    os.kill(pids["/job:ps/task:1"], signal.SIGKILL)
+    if moment != "at once":  # the second loss lands while the workers wait for the first one's restart
+        wait_until(lambda: "lost /job:ps/task:1" in run.err or run.popen.poll() is not None, 60, "the first loss seen")
+    os.kill(pids["/job:ps/task:0"], signal.SIGKILL)
+
+    assert run.wait(240) == 0, run.describe()
+    for task in (0, 1):
+        assert f"[worker:0] towerflow: /job:worker/task:0: /job:ps/task:{task} is back" in run.err, run.describe()
+    got = re.search(r"\[worker:0\] test auc: (\d\.\d{4}) \(best possible: (\d\.\d{4})\)", run.out)
+    assert got and float(got.group(1)) >= float(got.group(2)) - 0.01, run.describe()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional
 
 from towerflow.errors import ParameterServerError
 
@@ -59,7 +59,7 @@ class Recovery:
             client.follow_restarts()
             back_as = [self.server.rpc_name_of("ps", t) for t in sorted(lost_tasks)]  # this recovery's names
             try:
-                source = self.restore_ps(back_as) if client.is_chief else None
+                source = self.restore_ps() if client.is_chief else None
                 client.rejoin(restarted=False, after_restore_of=back_as[-1])
                 client.install(client.pull())
                 break
@@ -80,9 +80,12 @@ class Recovery:
                       f"lost: {record['steps_lost']} global steps since that checkpoint and the gradient in flight; "
                       f"{took:.2f} s from seeing the loss to training again")
 
-    def restore_ps(self, restored_for: Sequence[str] = ()) -> str:
-        """Chief: put every ps task back to the newest checkpoint (a restarted one comes back empty); its path."""
+    def restore_ps(self) -> str:
+        """Chief: put every ps task back to the newest checkpoint (a restarted one comes back empty); its path.
+        The restore counts for every ps incarnation now current: a worker waiting to rejoin after any of them
+        came back (`rejoin(after_restore_of=...)`) goes on, whichever losses the chief itself noticed."""
         client = self.client
+        restored_for = [ch.to for ch in client.channels]
         found = self.restore_source() if self.restore_source is not None else None
         if found is None:
             raise ParameterServerError(
