@@ -6,9 +6,11 @@
 * roundtrip: one ps step's shape (push a float32 tensor of S bytes, receive one of S bytes back), two
   processes on loopback, one torch thread each, S = 4 KB, 340 KB, 4 MB. `bare`: a pyzmq DEALER in the
   calling thread and a ROUTER echo in the server's main thread, [header, payload] frames sent without
-  a copy. `towerflow`: `messaging.Endpoint.call` of a deferred function that answers with a tensor
-  it holds (authenticated, as on loopback by default); `towerflow_curve`: the same, encrypted (the
-  default across hosts). Contenders alternate within each round; round trips/s, medians over rounds.
+  a copy. `towerflow`: `messaging.Endpoint.call(...).wait()` of a deferred function that answers with
+  a tensor it holds (authenticated, as on loopback by default: any thread's call, through the socket
+  thread); `towerflow_direct`: the same call on a `DirectChannel` (what a ps worker's steps use: sent
+  and read by the calling thread); `towerflow_direct_curve`: that, encrypted (the default across
+  hosts). Contenders rotate within each round; round trips/s, medians over rounds.
 * fanin: 8 client processes each making small calls (a 4 KB tensor each way) as fast as they can to
   one server process; total calls/s the server answered. `towerflow` against `rpc` (torch.distributed.rpc
   on TensorPipe, what towerflow used before) in the same run.
@@ -131,14 +133,19 @@ def _bare_client(address: str, nbytes: int) -> float:
     return rate
 
 
-def _towerflow_client(address: str, nbytes: int, mode: str, fn=_answer) -> float:
+def _towerflow_client(address: str, nbytes: int, mode: str, direct: bool, fn=_answer) -> float:
     from towerflow.cluster import messaging
     from towerflow.cluster.wire_security import WireSecurity
 
     endpoint = messaging.Endpoint(f"client{os.getpid()}", "127.0.0.1", WireSecurity(mode, "bench"),
                                   lambda name: address, 30.0)
     grad = _held(nbytes)
-    rate = _rate(lambda: endpoint.call("server", fn, (grad,)).wait())
+    if direct:  # what a ps worker's steps use: a connection its training thread owns
+        channel = endpoint.direct("server")
+        rate = _rate(lambda: channel.call(fn, grad).result())
+        channel.close()
+    else:
+        rate = _rate(lambda: endpoint.call("server", fn, (grad,)).wait())
     endpoint.close()
     return rate
 
@@ -149,7 +156,7 @@ def _python(*args: str, **env: str) -> subprocess.Popen:
 
 
 def roundtrip(rounds: int, tmp: str) -> dict:
-    contenders = ("bare", "towerflow", "towerflow_curve")
+    contenders = ("bare", "towerflow", "towerflow_direct", "towerflow_direct_curve")
     rates = {c: {s: [] for s in SIZES} for c in contenders}
     for r in range(rounds):
         for c in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
@@ -164,9 +171,8 @@ def roundtrip(rounds: int, tmp: str) -> dict:
             _stop(c, server, address, port_file)
     med = {c: {s: statistics.median(v) for s, v in by.items()} for c, by in rates.items()}
     for name in SIZES:
-        print(f"roundtrip {name:>6}: bare {med['bare'][name]:8.0f}/s  towerflow {med['towerflow'][name]:8.0f}/s "
-              f"(bare/towerflow {med['bare'][name] / med['towerflow'][name]:.2f})  towerflow_curve "
-              f"{med['towerflow_curve'][name]:8.0f}/s", flush=True)
+        print(f"roundtrip {name:>6}: " + "  ".join(f"{c} {med[c][name]:7.0f}/s (bare/it {med['bare'][name] / med[c][name]:.2f})"
+                                                    for c in contenders), flush=True)
     return {"rates": rates, "medians": med}
 
 
@@ -277,7 +283,8 @@ def main() -> None:
     if a.client == "bare":
         return print(_bare_client(a.address, a.bytes))
     if a.client:
-        return print(_towerflow_client(a.address, a.bytes, "encrypt" if a.client.endswith("curve") else "authenticate"))
+        return print(_towerflow_client(a.address, a.bytes, "encrypt" if a.client.endswith("curve") else "authenticate",
+                                       direct="direct" in a.client))
     if a.fanin_client:
         return print(_fanin_client(a.fanin_client, a.address, SECONDS * 2))
     if a.rpc_rank is not None:

@@ -39,7 +39,8 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch", "ps_hosts", "ps_rpc_before")
+CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch", "ps_hosts", "ps_hosts_auth",
+              "ps_rpc_before")
 BATCH, LR = 32, 0.05
 MODEL = os.environ.get("PS_STEP_MODEL", "small")  # small | large (set by --model for every process)
 
@@ -271,8 +272,8 @@ def run_one(contender: str, args, out_dir: str) -> dict:
     src = args.before_src if contender == "ps_rpc_before" else os.path.join(REPO, "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
            "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
-    if contender == "ps_hosts":
-        return _on_hosts(args, out_dir, env)
+    if contender.startswith("ps_hosts"):
+        return _on_hosts(args, out_dir, env, contender)
     if contender == "one_process":
         cmd = [sys.executable, os.path.abspath(__file__), "--one-process", "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--out", out_dir]
@@ -288,8 +289,9 @@ def run_one(contender: str, args, out_dir: str) -> dict:
     return {"workers": [json.load(open(os.path.join(out_dir, f"{contender}-{w}.json"))) for w in range(2)]}
 
 
-def _on_hosts(args, out_dir: str, env: dict) -> dict:
-    """1 ps + 2 workers on three network-namespace hosts (tests/multihost/netns.py), one launcher each."""
+def _on_hosts(args, out_dir: str, env: dict, contender: str) -> dict:
+    """1 ps + 2 workers on three network-namespace hosts (tests/multihost/netns.py), one launcher each;
+    ps_hosts with the wire's default across hosts (encrypted), ps_hosts_auth authenticated only."""
     sys.path.insert(0, os.path.join(REPO, "tests", "multihost"))
     from netns import Hosts
 
@@ -300,11 +302,11 @@ def _on_hosts(args, out_dir: str, env: dict) -> dict:
             cluster_file = os.path.join(work, "cluster.json")
             with open(cluster_file, "w") as f:
                 json.dump(cluster, f)
-            script = [os.path.abspath(__file__), "--in-cluster", "--contender", "ps_hosts", "--steps", str(args.steps),
+            script = [os.path.abspath(__file__), "--in-cluster", "--contender", contender, "--steps", str(args.steps),
                       "--warmup", str(args.warmup), "--out", out_dir]
             extra = {"PS_STEP_MODEL": args.model, "TOWERFLOW_CLUSTER_TOKEN": "ps-step-bench"}
-            if args.wire_security:
-                extra["TOWERFLOW_WIRE_SECURITY"] = args.wire_security
+            if contender == "ps_hosts_auth":
+                extra["TOWERFLOW_WIRE_SECURITY"] = "authenticate"
             procs = [hosts.launch(hosts[0], cluster_file, "ps", 0, script, env=extra)]
             procs += [hosts.launch(hosts[1 + w], cluster_file, "worker", w, script, env=extra) for w in range(2)]
             for p in procs:
@@ -312,7 +314,7 @@ def _on_hosts(args, out_dir: str, env: dict) -> dict:
                     raise SystemExit(f"ps_hosts failed on {p.host.name}:\n{p.output[-3000:]}")
         finally:
             hosts.close()
-    return {"workers": [json.load(open(os.path.join(out_dir, f"ps_hosts-{w}.json"))) for w in range(2)]}
+    return {"workers": [json.load(open(os.path.join(out_dir, f"{contender}-{w}.json"))) for w in range(2)]}
 
 
 def total_rate(result: dict) -> float:
@@ -330,8 +332,6 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--model", choices=("small", "large"), default="small")
     p.add_argument("--before-src", default=None, help="ps_rpc_before: the src/ of a checkout from before the change")
-    p.add_argument("--wire-security", choices=("encrypt", "authenticate"), default=None,
-                   help="ps_hosts: TOWERFLOW_WIRE_SECURITY (default: the cluster's default, encrypt)")
     p.add_argument("--in-cluster", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--contender", help=argparse.SUPPRESS)

@@ -34,7 +34,7 @@ from towerflow.errors import ClusterJoinError, ClusterTimeoutError
 
 _DEFERRED = "_towerflow_deferred"
 _HEARTBEAT_EVERY_MS = 1000
-_WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _CALL, _REPLY, _STOP = b"c", b"r", b"s"  # what the outbox carries to the socket thread
 
@@ -55,6 +55,24 @@ def deferred(fn: Callable) -> Callable:
     runs on the socket thread, so it must not block (it returns at once and completes later)."""
     setattr(fn, _DEFERRED, True)
     return fn
+
+
+def peer_failure(event: int, is_up: bool, me: str, to: str, address: str) -> Optional[BaseException]:
+    """What a monitor `event` of a connection from `me` to `to` means for the calls on it: None (nothing), or
+    the error that fails them: refused credentials, a closed connection, one that cannot be opened any more."""
+    if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                 zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+        return ClusterJoinError(
+            f"{to} at {address} refused the connection of {me}: the two tasks have different cluster tokens "
+            "(TOWERFLOW_CLUSTER_TOKEN) or wire security settings (TOWERFLOW_WIRE_SECURITY). Give every task of the "
+            "cluster the same ones.", task=to)
+    if event == zmq.EVENT_DISCONNECTED:
+        return PeerGone(f"the connection from {me} to {to} at {address} closed: its process ended, or its host "
+                        "stopped answering ZeroMQ's heartbeats", to)
+    if event == zmq.EVENT_CONNECT_RETRIED and not is_up:
+        return PeerGone(f"{me} cannot connect to {to} at {address}: nothing listens there any more (its process "
+                        "ended)", to)
+    return None
 
 
 def _zmq_host(host: str) -> str:
@@ -99,6 +117,7 @@ class Endpoint:
         self._pending: Dict[int, Tuple[torch.futures.Future, str, float]] = {}  # call id -> (future, peer, deadline)
         self._pending_lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._deadlines = 0  # calls with a deadline made so far: until the first, the loop checks none
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"towerflow-call {name}")
         self._poller = zmq.Poller()
         for s in (self._server, self._outbox_in):
@@ -125,6 +144,7 @@ class Endpoint:
         frames = wire.encode(call_id, wire.Call(fn, args, kwargs))
         with self._pending_lock:
             self._pending[call_id] = (future, to, time.monotonic() + timeout if timeout > 0 else 0.0)
+            self._deadlines += timeout > 0
         self._post([_CALL, to.encode(), address.encode(), *frames])
         return future
 
@@ -157,6 +177,8 @@ class Endpoint:
             self._close_sockets()
 
     def _poll_ms(self) -> int:
+        if not self._deadlines:
+            return -1
         with self._pending_lock:
             deadlines = [d for _, _, d in self._pending.values() if d]
         return -1 if not deadlines else max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
@@ -179,19 +201,33 @@ class Endpoint:
         peer = self._peers.get(name)
         if peer is None:
             socket = self._context.socket(zmq.DEALER)
-            socket.linger = 0
-            socket.ipv6 = address.startswith("tcp://[")
-            socket.heartbeat_ivl = _HEARTBEAT_EVERY_MS
-            socket.heartbeat_timeout = self._heartbeat_timeout_ms
-            socket.connect_timeout = self._heartbeat_timeout_ms
-            self._security.dial(socket)
-            monitor = socket.get_monitor_socket(_WATCHED)
+            self._configure_dealer(socket, address)
+            monitor = socket.get_monitor_socket(WATCHED)
             socket.connect(address)
             peer = self._peers[name] = _Peer(name, address, socket, monitor)
             for s in (socket, monitor):
                 self._poller.register(s, zmq.POLLIN)
                 self._by_socket[s] = peer
         return peer
+
+    def _configure_dealer(self, socket: zmq.Socket, address: str) -> None:
+        socket.linger = 0
+        socket.ipv6 = address.startswith("tcp://[")
+        socket.heartbeat_ivl = _HEARTBEAT_EVERY_MS
+        socket.heartbeat_timeout = self._heartbeat_timeout_ms
+        socket.connect_timeout = self._heartbeat_timeout_ms
+        self._security.dial(socket)
+
+    def direct(self, to: str):
+        """A `DirectChannel` to task `to` for the calling thread alone (cluster/direct.py); PeerGone when no task
+        of that name has published an address."""
+        from towerflow.cluster.direct import DirectChannel
+
+        address = self._addresses.get(to) or self._lookup(to)
+        if address is None or self._stopped.is_set():
+            raise PeerGone(f"no task named {to!r} has joined the cluster (it was never started, or it was replaced "
+                           "by a restarted incarnation)", to)
+        return DirectChannel(self._context, self.name, to, address, lambda s: self._configure_dealer(s, address))
 
     def _from_peer(self, socket: zmq.Socket) -> None:
         peer = self._by_socket[socket]
@@ -221,23 +257,9 @@ class Endpoint:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             peer.is_up = True
             return
-        if peer.failure is not None:
-            return
-        if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-            error: BaseException = ClusterJoinError(
-                f"{peer.name} at {peer.address} refused the connection of {self.name}: the two tasks have different "
-                "cluster tokens (TOWERFLOW_CLUSTER_TOKEN) or wire security settings (TOWERFLOW_WIRE_SECURITY). Give "
-                "every task of the cluster the same ones.", task=peer.name)
-        elif event == zmq.EVENT_DISCONNECTED:
-            error = PeerGone(f"the connection from {self.name} to {peer.name} at {peer.address} closed: its process "
-                             "ended, or its host stopped answering ZeroMQ's heartbeats", peer.name)
-        elif event == zmq.EVENT_CONNECT_RETRIED and not peer.is_up:
-            error = PeerGone(f"{self.name} cannot connect to {peer.name} at {peer.address}: nothing listens there "
-                             "any more (its process ended)", peer.name)
-        else:
-            return
-        self._lose(peer, error)
+        error = peer_failure(event, peer.is_up, self.name, peer.name, peer.address)
+        if error is not None and peer.failure is None:
+            self._lose(peer, error)
 
     def _lose(self, peer: _Peer, error: BaseException) -> None:
         """The peer is gone for good (a restarted task comes back under another name): fail its calls."""
@@ -260,6 +282,8 @@ class Endpoint:
             entry[0].set_exception(error)
 
     def _expire(self) -> None:
+        if not self._deadlines:
+            return
         now = time.monotonic()
         with self._pending_lock:
             late = [(cid, to) for cid, (_, to, d) in self._pending.items() if d and d <= now]
@@ -282,7 +306,10 @@ class Endpoint:
                 result = fn(*call.args, **(call.kwargs or {}))
             except Exception as e:
                 return self._answer(routing, call_id, None, e)
-            result.add_done_callback(lambda f: self._answer_future(routing, call_id, f))
+            if result.done():  # answered at once (an async ps step): no callback round
+                self._answer_future(routing, call_id, result)
+            else:
+                result.add_done_callback(lambda f: self._answer_future(routing, call_id, f))
         else:
             self._pool.submit(self._run_call, routing, call_id, call)
 
@@ -306,7 +333,7 @@ class Endpoint:
             frames = wire.encode(call_id, message)
         except Exception as e:  # the value does not pickle: say so instead of leaving the caller waiting
             frames = wire.encode(call_id, wire.failure_of(e, traceback.format_exc()))
-        if threading.current_thread() is self._thread:
+        if threading.get_ident() == self._thread.ident:
             self._server.send_multipart([routing, *frames], copy=False)
         else:
             self._post([_REPLY, routing, *frames])

@@ -172,6 +172,13 @@ def call_async(to: str, fn: Callable, args: tuple = (), kwargs: Optional[dict] =
     return _endpoint.call(to, fn, args, kwargs, timeout)
 
 
+def direct_channel(to: str):
+    """A connection to task `to` (its call name) that only the calling thread uses: cluster/direct.py."""
+    if _endpoint is None:
+        raise ClusterError(f"cannot call {to}: this process serves no endpoint (start towerflow.Server first)", task=to)
+    return _endpoint.direct(to)
+
+
 deferred = _messaging.deferred
 
 

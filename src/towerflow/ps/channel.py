@@ -32,6 +32,7 @@ class Channel:
         self.pushes = 0  # this worker's pushes this ps task has counted (its clock there)
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers[0])
         self.link = None  # a same-host shared-memory link to the ps task (`linked.py`), when it has one
+        self.direct = None  # else this worker's own connection for its steps (cluster/direct.py), opened on the first
         self._views: List[tuple] = []  # (a reply slot's tensors, the parameters' views into them), per slot
         self.link_tried_for: Optional[str] = None  # the ps incarnation (RPC name) a link was last offered to
 
@@ -54,10 +55,13 @@ class Channel:
         return self._views_of(flats)  # the values came over RPC (the first pull, a refresh)
 
     def drop_link(self) -> None:
-        """The ps task was lost: close the link (its pending steps fail); the next step offers a new one."""
+        """The ps task was lost: close the link and the direct channel (their pending steps fail); the next step
+        offers a new link, or opens a new channel, to its next incarnation."""
         if self.link is not None:
             self.link.close()
-        self.link = None
+        if self.direct is not None:
+            self.direct.close()
+        self.link = self.direct = None
         self._views = []
         self.link_tried_for = None
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from towerflow.cluster import transport as _transport
+from towerflow.cluster.direct import DirectCall
 from towerflow.errors import ParameterServerError
 from towerflow.ps import endpoints
 from towerflow.ps import linked
@@ -174,17 +175,20 @@ class PSClient:
                 link.close()
 
     def _push_pull_call(self, ch: Channel, slot: int, request: PushPull):
-        """The step's call to one ps task: over its link when it has one, else RPC; a future of `PushPulled`."""
-        if ch.link is None or request.rows is not None:
-            return self.call(ch, endpoints.push_pull, request)
+        """The step's call to one ps task: over its same-host link when it has one, else over this thread's
+        direct channel to it (cluster/direct.py); what `wait` reads a `PushPulled` from."""
         with _lost_as_pslost(ch):
-            return linked.push_pull(ch.link, slot, request)
+            if ch.link is not None and request.rows is None:
+                return linked.push_pull(ch.link, slot, request)
+            if ch.direct is None:
+                ch.direct = _transport.direct_channel(ch.to)
+            return ch.direct.call(endpoints.push_pull, self.model_name, request)
 
     def wait(self, ch: Channel, future) -> Any:
         """The call's reply. A ps cut off by the network never fails the call, and a sync or ssp pull also
         waits on other workers: the server watches their heartbeats to say when to stop waiting."""
         with _lost_as_pslost(ch):
-            if isinstance(future, linked.LinkedStep):  # read in this thread, watching while nothing comes
+            if isinstance(future, (linked.LinkedStep, DirectCall)):  # read in this thread, watching while nothing comes
                 return future.result(idle=self.server.peer_watch(serving=("ps",)))
             self.server.wait_watching(future, serving=("ps",))
             return future.wait()

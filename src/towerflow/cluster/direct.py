@@ -1,0 +1,96 @@
+"""A connection one thread owns to one task, for a hot loop of calls: sent and read in that thread.
+
+An `Endpoint` call crosses two thread hand-offs on the caller's side (to the socket thread and
+back), each a wake-up of another Python thread; a parameter-server step pays them every step.
+A `DirectChannel` is a DEALER socket of its own that the calling thread sends on and reads its
+reply from while it waits (no reader thread, no hand-off: one wake-up per reply), as the
+same-host shared-memory link does. The called task serves it like any other connection. While
+a reply is awaited, the socket's monitor reports a closed, refused or silent connection as the
+endpoint does (`PeerGone`, ClusterJoinError), and `idle()` runs every second (the heartbeat watch).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Dict, Optional
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from towerflow.cluster import wire
+from towerflow.cluster.messaging import WATCHED, PeerGone, peer_failure
+
+_WATCH_EVERY_MS = 1000
+
+
+class DirectChannel:
+    """Calls from one thread to task `to` at `address`, over a socket only that thread touches."""
+
+    def __init__(self, context: zmq.Context, me: str, to: str, address: str, configure: Callable[[zmq.Socket], None]):
+        self.me, self.to, self.address = me, to, address
+        self._socket = context.socket(zmq.DEALER)
+        configure(self._socket)
+        self._monitor = self._socket.get_monitor_socket(WATCHED)
+        self._socket.connect(address)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._ids = itertools.count(1)
+        self._early: Dict[int, list] = {}  # replies read while waiting for another call's
+        self._is_up = False
+        self._failure: Optional[BaseException] = None
+
+    def call(self, fn: Callable, *args: Any) -> "DirectCall":
+        """Send fn(*args) to the task; the reply is read by `DirectCall.result`."""
+        if self._failure is not None:
+            raise self._failure
+        call_id = next(self._ids)
+        self._socket.send_multipart(wire.encode(call_id, wire.Call(fn, args)), copy=False)
+        return DirectCall(self, call_id)
+
+    def _reply(self, call_id: int, idle: Optional[Callable[[], None]]) -> Any:
+        frames = self._early.pop(call_id, None)
+        while frames is None:
+            if self._failure is not None:
+                raise self._failure
+            ready = dict(self._poller.poll(_WATCH_EVERY_MS))
+            if self._monitor in ready:
+                self._event(recv_monitor_message(self._monitor)["event"])
+            if self._socket in ready:
+                got = self._socket.recv_multipart(copy=False)
+                got_id = wire.envelope(got[0])[1]
+                if got_id == call_id:
+                    frames = got
+                else:
+                    self._early[got_id] = got
+            elif not ready and idle is not None:
+                idle()
+        kind = wire.envelope(frames[0])[0]
+        message = wire.decode(frames)
+        if kind == wire.REPLY:
+            return message.value
+        raise message.exception(self.to)
+
+    def _event(self, event: int) -> None:
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._is_up = True
+            return
+        self._failure = self._failure or peer_failure(event, self._is_up, self.me, self.to, self.address)
+
+    def close(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close(0)
+        self._socket.close(0)
+        if self._failure is None:
+            self._failure = PeerGone(f"{self.me}'s direct channel to {self.to} is closed", self.to)
+
+
+class DirectCall:
+    """A call sent on a DirectChannel whose reply has not been read yet."""
+
+    def __init__(self, channel: DirectChannel, call_id: int):
+        self.channel, self.call_id = channel, call_id
+
+    def result(self, idle: Optional[Callable[[], None]] = None) -> Any:
+        """The called function's value (or its exception), read in this thread; `idle()` every second of waiting."""
+        return self.channel._reply(self.call_id, idle)
