@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch", "ps_hosts", "ps_hosts_auth",
-              "ps_rpc_before")
+              "ps_rpc_before", "ps_hosts_before")
 BATCH, LR = 32, 0.05
 MODEL = os.environ.get("PS_STEP_MODEL", "small")  # small | large (set by --model for every process)
 
@@ -269,7 +269,7 @@ def in_cluster(args) -> None:
 
 # ---------------------------------------------------------------- the driver
 def run_one(contender: str, args, out_dir: str) -> dict:
-    src = args.before_src if contender == "ps_rpc_before" else os.path.join(REPO, "src")
+    src = args.before_src if contender.endswith("_before") else os.path.join(REPO, "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
            "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
     if contender.startswith("ps_hosts"):
@@ -291,7 +291,8 @@ def run_one(contender: str, args, out_dir: str) -> dict:
 
 def _on_hosts(args, out_dir: str, env: dict, contender: str) -> dict:
     """1 ps + 2 workers on three network-namespace hosts (tests/multihost/netns.py), one launcher each;
-    ps_hosts with the wire's default across hosts (encrypted), ps_hosts_auth authenticated only."""
+    ps_hosts with the wire's default across hosts (encrypted), ps_hosts_auth authenticated only,
+    ps_hosts_before on the tree of --before-src (its remote calls across hosts: torch.distributed.rpc)."""
     sys.path.insert(0, os.path.join(REPO, "tests", "multihost"))
     from netns import Hosts
 
@@ -307,6 +308,8 @@ def _on_hosts(args, out_dir: str, env: dict, contender: str) -> dict:
             extra = {"PS_STEP_MODEL": args.model, "TOWERFLOW_CLUSTER_TOKEN": "ps-step-bench"}
             if contender == "ps_hosts_auth":
                 extra["TOWERFLOW_WIRE_SECURITY"] = "authenticate"
+            if contender == "ps_hosts_before":
+                extra["PYTHONPATH"] = env["PYTHONPATH"]
             procs = [hosts.launch(hosts[0], cluster_file, "ps", 0, script, env=extra)]
             procs += [hosts.launch(hosts[1 + w], cluster_file, "worker", w, script, env=extra) for w in range(2)]
             for p in procs:
@@ -347,8 +350,8 @@ def main(argv=None) -> None:
     bad = [c for c in contenders if c not in CONTENDERS]
     if bad:
         raise SystemExit(f"--contenders: unknown {bad}; expected some of {', '.join(CONTENDERS)}")
-    if "ps_rpc_before" in contenders and not args.before_src:
-        raise SystemExit("--contenders ps_rpc_before needs --before-src DIR (e.g. a `git worktree add` of main's "
+    if any(c.endswith("_before") for c in contenders) and not args.before_src:
+        raise SystemExit("--contenders ps_rpc_before / ps_hosts_before need --before-src DIR (e.g. a `git worktree add` of main's "
                          "commit before the change, then DIR/src)")
     runs = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory() as tmp:
@@ -367,7 +370,7 @@ def main(argv=None) -> None:
     for c, v in base.items():
         ratios = ", ".join(f"{v / base[o]:.2f}x {o}" for o in ("one_process", "rpc_loop") if o in base and o != c)
         print(f"  {c:16s} {v:8.1f}  {ratios}")
-    for ref in ("one_process", "rpc_loop", "ps_shm", "ps_rpc_before"):  # each launch's own ratio (same minutes, same load), then the median
+    for ref in ("one_process", "rpc_loop", "ps_shm", "ps_rpc_before", "ps_hosts_before"):  # each launch's own ratio (same minutes, same load), then the median
         if ref in runs:
             paired = {c: statistics.median(r["steps_per_s"] / b["steps_per_s"] for r, b in zip(rs, runs[ref]))
                       for c, rs in runs.items() if c != ref}

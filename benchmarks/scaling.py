@@ -274,7 +274,8 @@ def main(argv=None) -> None:
                     try:
                         r = one_run(n, src, args, where)
                     except Exception as e:  # noqa: BLE001  (recorded with the tasks' last words; the next run goes on)
-                        err = (where / "tasks.err").read_text(errors="replace")[-3000:] if (where / "tasks.err").exists() else ""
+                        err = (where / "tasks.err").read_text(errors="replace") if (where / "tasks.err").exists() else ""
+                        err = "\n".join(line for line in err.splitlines() if "waiting for" not in line)[-3000:]
                         failed.append({"variant": name, "tasks": n, "repeat": rep, "error": f"{type(e).__name__}: {e}",
                                        "tasks_stderr": err, "load": os.getloadavg()})
                         print(f"{name} N={n} repeat {rep} FAILED: {e}\n{err}", flush=True)
