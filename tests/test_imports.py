@@ -81,3 +81,13 @@ def test_no_module_imports_torch_distributed_rpc_and_only_the_messaging_layer_im
                 zmq.append(where)
     assert rpc == []
     assert sorted(set(zmq)) == ["cluster/direct.py", "cluster/messaging.py", "cluster/wire_security.py"]
+
+
+def test_a_process_that_serves_no_remote_calls_does_not_load_zmq():
+    out = _python(
+        "import sys, towerflow\n"
+        "import towerflow.strategies.environment, towerflow.cluster.transport, towerflow.cluster.server\n"
+        "import towerflow.ps.endpoints, towerflow.ps.client\n"
+        "print('zmq' in sys.modules)\n"
+    )
+    assert out.strip() == "False"  # an all-reduce replica imports these, and never binds an endpoint

@@ -32,7 +32,6 @@ from towerflow.cluster import wire
 from towerflow.cluster.wire_security import WireSecurity
 from towerflow.errors import ClusterJoinError, ClusterTimeoutError
 
-_DEFERRED = "_towerflow_deferred"
 _HEARTBEAT_EVERY_MS = 1000
 WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -50,11 +49,7 @@ class PeerGone(RuntimeError):
         return (type(self), (str(self), self.task))
 
 
-def deferred(fn: Callable) -> Callable:
-    """Mark a call target that returns a torch Future: the reply goes out when it completes, and it
-    runs on the socket thread, so it must not block (it returns at once and completes later)."""
-    setattr(fn, _DEFERRED, True)
-    return fn
+deferred = wire.deferred
 
 
 def peer_failure(event: int, is_up: bool, me: str, to: str, address: str) -> Optional[BaseException]:
@@ -301,7 +296,7 @@ class Endpoint:
             fn = call.fn
         except Exception as e:
             return self._answer(routing, call_id, None, e)
-        if getattr(fn, _DEFERRED, False):
+        if getattr(fn, wire.ANSWERS_LATER, False):
             try:
                 result = fn(*call.args, **(call.kwargs or {}))
             except Exception as e:

@@ -26,7 +26,6 @@ from towerflow.cluster import failures as _failures
 from towerflow.cluster.membership import Membership, rpc_name
 from towerflow.cluster.rendezvous import Rendezvous, host_rendezvous, say, task_name
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
-from towerflow.cluster.wire_security import AUTHENTICATE, ENCRYPT, WireSecurity
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterError, ClusterSpecError, PeerLostError
 
@@ -85,6 +84,8 @@ class Server:
         self.token = token or env.cluster_token()
         self.join_timeout = float(join_timeout) if join_timeout is not None else env.join_timeout
         self.heartbeat_timeout = env.heartbeat_timeout
+        from towerflow.cluster.wire_security import WireSecurity  # zmq, for processes that are tasks only
+
         self.wire_security = WireSecurity(env.wire_security or self._default_wire_security(), self.token)
         self.max_restarts = env.max_restarts
         restarts = env.restart_count
@@ -181,8 +182,8 @@ class Server:
     def _default_wire_security(self) -> str:
         """Encrypted as soon as the cluster spans more than this machine's loopback; authenticated on it."""
         if self.binding is not None:
-            return ENCRYPT if self.binding.multi_host else AUTHENTICATE
-        return ENCRYPT  # a torchrun-named rank: its peers' addresses are not known yet
+            return "encrypt" if self.binding.multi_host else "authenticate"
+        return "encrypt"  # a torchrun-named rank: its peers' addresses are not known yet
 
     def _serving_host(self) -> str:
         """The address this task serves remote calls on: its own entry's, else the one it reaches the store from."""

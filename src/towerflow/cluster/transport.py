@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import datetime
 import socket
+import sys
 import threading
 from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 
-from towerflow.cluster import messaging as _messaging
-from towerflow.cluster.wire_security import WireSecurity
+from towerflow.cluster import wire as _wire
 from towerflow.errors import ClusterError, ClusterJoinError
 
 Store = dist.Store
@@ -98,11 +98,11 @@ def prefix_store(prefix: str, store: Store) -> Store:
     return dist.PrefixStore(prefix, store)
 
 
-_endpoint: Optional[_messaging.Endpoint] = None  # this process's, while it is part of a cluster
+_endpoint = None  # this process's messaging.Endpoint, while it is part of a cluster (zmq is imported only then)
 _ADDRESS_KEY = "calls/address/"  # + a task incarnation's call name: where its endpoint listens
 
 
-def start_endpoint(store: Store, name: str, host: str, security: WireSecurity, heartbeat_timeout: float) -> str:
+def start_endpoint(store: Store, name: str, host: str, security, heartbeat_timeout: float) -> str:
     """Serve remote calls as `name` on `host` and publish where in the store: from then on any task can call
     this one (there is no group to join). Returns the address bound."""
     global _endpoint
@@ -116,7 +116,9 @@ def start_endpoint(store: Store, name: str, host: str, security: WireSecurity, h
         except Exception:  # the store's host is gone: a peer not called before cannot be found
             return None
 
-    endpoint = _messaging.Endpoint(name, host, security, resolve, heartbeat_timeout)
+    from towerflow.cluster import messaging
+
+    endpoint = messaging.Endpoint(name, host, security, resolve, heartbeat_timeout)
     store.set(_ADDRESS_KEY + name, endpoint.address)
     _endpoint = endpoint
     return endpoint.address
@@ -127,7 +129,8 @@ def is_peer_lost(error: BaseException) -> bool:
     away, or it was replaced by a restarted incarnation), rather than because the called function raised."""
     from towerflow.cluster.shm_link import LinkClosed
 
-    return isinstance(error, (LinkClosed, _messaging.PeerGone))
+    messaging = sys.modules.get("towerflow.cluster.messaging")  # not imported: no call was made, none was lost
+    return isinstance(error, LinkClosed) or (messaging is not None and isinstance(error, messaging.PeerGone))
 
 
 def is_group_peer_lost(error: BaseException) -> bool:
@@ -179,7 +182,7 @@ def direct_channel(to: str):
     return _endpoint.direct(to)
 
 
-deferred = _messaging.deferred
+deferred = _wire.deferred
 
 
 def replica_group_store(host: str, port: int, is_master: bool, timeout: float) -> dist.TCPStore:

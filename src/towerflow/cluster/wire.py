@@ -22,6 +22,15 @@ import torch
 from towerflow.errors import RemoteError
 
 CALL, REPLY, FAILURE = 1, 2, 3  # the envelope's kind
+ANSWERS_LATER = "_towerflow_deferred"  # set on a call target by `deferred`
+
+
+def deferred(fn):
+    """Mark a call target that returns a torch Future: the reply goes out when it completes, and it runs on
+    the serving task's socket thread, so it must not block (it returns at once and completes later)."""
+    setattr(fn, ANSWERS_LATER, True)
+    return fn
+
 _ENVELOPE = struct.Struct("<BQI")  # kind, call id, number of tensor frames
 
 

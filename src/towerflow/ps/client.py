@@ -17,7 +17,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from towerflow.cluster import transport as _transport
-from towerflow.cluster.direct import DirectCall
 from towerflow.errors import ParameterServerError
 from towerflow.ps import endpoints
 from towerflow.ps import linked
@@ -188,7 +187,7 @@ class PSClient:
         """The call's reply. A ps cut off by the network never fails the call, and a sync or ssp pull also
         waits on other workers: the server watches their heartbeats to say when to stop waiting."""
         with _lost_as_pslost(ch):
-            if isinstance(future, (linked.LinkedStep, DirectCall)):  # read in this thread, watching while nothing comes
+            if not isinstance(future, torch.futures.Future):  # a link's or direct channel's step: read in this thread
                 return future.result(idle=self.server.peer_watch(serving=("ps",)))
             self.server.wait_watching(future, serving=("ps",))
             return future.wait()
