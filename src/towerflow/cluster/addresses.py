@@ -3,7 +3,7 @@
 torch.distributed's libraries each guess the address to advertise from the machine's hostname,
 and on Debian/Ubuntu machines the hostname maps to 127.0.0.1 in /etc/hosts: a task would then
 tell its peers on other hosts to call it on their own loopback. So towerflow decides once, here,
-for every library (the rendezvous store, TensorPipe's RPC, gloo and NCCL):
+for every library (the rendezvous store, remote calls, gloo and NCCL):
 
 - an entry whose host resolves to an address of one of this machine's interfaces binds there,
   and the libraries are pointed at that interface (GLOO_/TP_/NCCL_SOCKET_IFNAME, unless set);

@@ -1,6 +1,6 @@
 """Same-host calls whose tensors live in shared memory and whose doorbell is a pipe.
 
-Between two tasks of one host a TensorPipe call costs about a millisecond of round trip,
+Between two tasks of one host a remote call through the network stack costs hundreds of µs of round trip,
 thread hand-offs and serialization (docs/benchmarks.md, "The ps step, broken down"); a
 parameter server's step on a small model is mostly that. A link is a fixed-shape
 request/reply channel for one caller: two slots of request tensors and two of reply tensors,
@@ -39,7 +39,7 @@ TensorSpecs = Tuple[Tuple[int, torch.dtype], ...]  # (numel, dtype) of each tens
 
 
 class LinkClosed(RuntimeError):
-    """The other end of a link is gone (its process ended): what a TensorPipe call to a dead task is."""
+    """The other end of a link is gone (its process ended): what a remote call to a dead task meets as PeerGone."""
 
 
 @dataclasses.dataclass(frozen=True)

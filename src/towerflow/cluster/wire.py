@@ -5,7 +5,7 @@ message (`Call`, `Reply`, `Failure`); every dense tensor in it pickles as its dt
 its memory as an out-of-band buffer, a frame of its own: sent as it is (ZeroMQ sends frames of
 more than 64 KB without a copy) and received as a tensor over the frame's buffer (no copy
 either). Other out-of-band buffers (numpy arrays) travel the same way. Tensors on a GPU are copied to the host
-first; they arrive on the host, as they did with torch RPC without a device map.
+first; they arrive on the host.
 """
 
 from __future__ import annotations

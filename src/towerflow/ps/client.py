@@ -31,7 +31,7 @@ class PSLost(Exception):
     """A call to a ps task failed because that task is gone (`Recovery.guarded` catches it and recovers)."""
 
     def __init__(self, task: int, name: str, error: BaseException):
-        super().__init__(f"/job:ps/task:{task} (RPC member {name}) is gone: {error}")
+        super().__init__(f"/job:ps/task:{task} (call name {name}) is gone: {error}")
         self.task, self.name, self.error = task, name, error
 
 
