@@ -16,7 +16,7 @@ DIR/kill-me when it is there, so that the test's SIGKILL lands exactly then (no 
   until it sees worker 1 rejoin (then stops: the rejoined worker trains no more);
 * ended: as finished, but the chief ends the cluster once the test has written DIR/killed, without
   waiting for worker 1, and the restarted worker 1 starts its Server only once the cluster has
-  ended (the order of the failure issue 13 reported);
+  ended (a restart that finds nothing to rejoin);
 * raise: worker 1's first incarnation raises after its first 20 steps (its own error, not a kill);
 * joining, joining_served: worker 1's restarted incarnation (the test kills the first one after its
   20 steps) stops inside its join (slot claimed; its endpoint not serving yet, or serving and

@@ -1,5 +1,5 @@
-"""Issue 6, first scenario: a worker SIGKILLed during async ps training is restarted by the
-launcher, rejoins under a new RPC name, pulls the ps's current values and goes on; the others
+"""A worker SIGKILLed during async ps training is restarted by the
+launcher, rejoins under a new call name, pulls the ps's current values and goes on; the others
 never stop. The measured recovery time is printed (pytest -s shows it)."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Issue 6 for all-reduce training: a replica killed mid-training makes the launcher restart every
+"""All-reduce training: a replica killed mid-training makes the launcher restart every
 replica (the process group cannot go on without one), each resumes from the newest checkpoint,
 and the run ends with exactly the parameters of an uninterrupted run.
 
-Two moments (issue 13): replica 1 after the step-10 checkpoint, and the chief inside the write of
+Two moments: replica 1 after the step-10 checkpoint, and the chief inside the write of
 its step-20 checkpoint (the payload in a temporary file, not renamed yet): that half-written
 checkpoint must not count, so the group resumes at step 10 and still ends bit for bit the same.
 """

@@ -1,4 +1,4 @@
-"""Issue 6, done-when: a 1 ps + 2 worker MNIST run under `towerflow launch` in which the test kills a
+"""A 1 ps + 2 worker MNIST run under `towerflow launch` in which the test kills a
 worker, then the ps, then the chief (each SIGKILL, each after the previous recovery) still
 finishes its step budget and reaches the undisturbed run's accuracy target (0.95).
 

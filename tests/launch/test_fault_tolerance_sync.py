@@ -1,7 +1,7 @@
-"""Issue 6: a worker killed during synchronous ps training.
+"""A worker killed during synchronous ps training.
 
 * with a backup worker (2 of 3 gradients per update) the job goes on while the launcher
-  restarts it, and the restarted worker rejoins; the kill lands during a sync round (issue 13):
+  restarts it, and the restarted worker rejoins; the kill lands during a sync round:
   worker 1 has pushed and its pull waits at the ps for the round's update;
 * without one, the others wait for the restarted worker (the global step stands still), then
   all go on;

@@ -1,4 +1,4 @@
-"""Issue 13: a restarted task always rejoins, wherever in the run its SIGKILL landed.
+"""A restarted task always rejoins, wherever in the run its SIGKILL landed.
 
 Async ps training (1 ps + 2 workers, `_ft_train.py`), worker 1 killed at a moment the helper
 holds it at (no sleep-and-hope), each run ending with exit 0 and the fitted line:
@@ -6,9 +6,8 @@ holds it at (no sleep-and-hope), each run ending with exit 0 and the fitted line
 * before its first step: in the cluster, before setup; the restart rejoins and trains;
 * after it finished, the cluster still running: its restart rejoins, learns from the ps that it
   had finished, trains no more, and the run ends when the chief does;
-* after it finished, the cluster ended meanwhile (the order of the reported failure: the ps had
-  left RPC and the restarted worker died on "could not find destination name ps:0"): the restart
-  has nothing to rejoin and exits 0.
+* after it finished, the cluster ended meanwhile (the ps tasks are leaving, so there is nothing to
+  call): the restart has nothing to rejoin and exits 0.
 
 Mid-run kills are tests/launch/test_fault_tolerance.py (async) and test_fault_tolerance_sync.py
 (sync, one during a round); a kill inside a checkpoint write is test_fault_tolerance_allreduce.py.

@@ -1,4 +1,4 @@
-"""Issue 13.5: the first failure is the one reported, once. A task of a ps job raises at a random
+"""The first failure is the one reported, once. A task of a ps job raises at a random
 step, one run for each kind of task, at a moment drawn from two of early, middle and late in the run (every
 moment is drawn for two kinds): the launcher names it every time, its traceback appears
 exactly once, every other task says in at most one line that it stopped because of it, and the

@@ -1,4 +1,4 @@
-"""Issue 18's views: enough points for a curve, plotted series, run and task states, `q`, TensorBoard, the demo's last lines."""
+"""The monitoring views: enough points for a curve, plotted series, run and task states, `q`, TensorBoard, the demo's last lines."""
 
 import json
 import os

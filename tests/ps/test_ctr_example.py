@@ -1,4 +1,4 @@
-"""Issue 16, done-when: examples/ctr_ps.py on 2 ps + 2 workers, its tables on the ps tasks, loses ps:1 and
+"""examples/ctr_ps.py on 2 ps + 2 workers, its tables on the ps tasks, loses ps:1 and
 then ps:0 (SIGKILL, each once a checkpoint exists, the second well after the first recovery); every
 table row and its optimizer state come back from the newest checkpoint and the run still ends within
 0.01 of the best possible AUC, moving at most 1.1x the minimum bytes per step."""

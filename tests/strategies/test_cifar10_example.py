@@ -1,4 +1,4 @@
-"""examples/cifar10_towers.py runs on one device and on two replicas with seed 003's CPU variables."""
+"""examples/cifar10_towers.py runs on one device and on two replicas with the variables kept on the CPU (`variables_on="cpu"`)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""`towerflow smi [--watch S] [--json]`: GPUs at a glance, like gpustat (seed 003)."""
+"""`towerflow smi [--watch S] [--json]`: GPUs at a glance, like gpustat or `watch -n 1 nvidia-smi`."""
 
 from __future__ import annotations
 

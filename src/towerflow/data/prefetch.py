@@ -1,6 +1,6 @@
 """Prefetch to device: the next batch crosses host->device while the current one computes.
 
-TF's `prefetch_to_device`, the host/device flow of seed 003 done well: host batches sit in
+TF's `prefetch_to_device`, the host-to-device input flow done well: host batches sit in
 pinned memory, the copy runs on a side CUDA stream with `non_blocking=True`, and the compute
 stream waits on it only when the batch is consumed. Copies are counted in the placement log
 (bytes host->device) whenever the log is on. On a CPU device there is nothing to copy.

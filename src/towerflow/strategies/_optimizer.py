@@ -2,7 +2,7 @@
 
 It keeps the user's optimizer and adds what TF's `apply_gradients(global_step=...)` gave:
 the global step, a learning rate keyed on it, clipping of the combined gradient, the fp16
-loss scaler, and, with `variables_on="cpu"`, seed 003's layout where the variables live on
+loss scaler, and, with `variables_on="cpu"`, TF's multi-GPU tower layout where the variables live on
 the CPU, each replica's gradients come down to it, are averaged there, and the updated values
 go back to the device.
 """

@@ -8,7 +8,7 @@ overlapping the backward pass), NCCL between GPUs, gloo on CPUs. Replicas are st
 With `towers="threads"` (the default for several CPU devices in one process with no launcher),
 the devices are towers of this one process instead, averaging in memory: `strategies/towers.py`.
 
-With `variables_on="cpu"` (seed 003's layout) there is no DDP: gradients come down to the
+With `variables_on="cpu"` (the variables on the host, as in TF's multi-GPU towers) there is no DDP: gradients come down to the
 host CPU, are averaged there with one all-reduce over a gloo group, the optimizer runs on
 the CPU copies, and the new values go back to the device.
 """

@@ -15,7 +15,7 @@ Schedule = Callable[[int], float]
 
 
 def exponential_decay(learning_rate: float, decay_steps: int, decay_rate: float, staircase: bool = False) -> Schedule:
-    """`lr * decay_rate ** (step / decay_steps)`; with `staircase` the exponent is floored (seed 001)."""
+    """`lr * decay_rate ** (step / decay_steps)`; with `staircase` the exponent is floored (TF's `exponential_decay`)."""
     if decay_steps <= 0:
         raise ConfigError(f"decay_steps={decay_steps!r}: expected a positive number of steps")
 
