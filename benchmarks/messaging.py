@@ -105,6 +105,7 @@ def _wait_for(path: str) -> str:
 
 
 def _rate(once, seconds: float = SECONDS) -> float:
+    """Calls of `once()` per second over `seconds`, after 20 to warm up."""
     for _ in range(20):
         once()
     n, start = 0, time.perf_counter()
@@ -199,20 +200,10 @@ def _fanin_client(contender: str, address: str, seconds: float) -> float:
         endpoint = messaging.Endpoint(f"client{os.getpid()}", "127.0.0.1", WireSecurity("authenticate", "bench"),
                                       lambda name: address, 30.0)
         x = _held(4096)
-        n = _count(lambda: endpoint.call("server", _small, (x,)).wait(), seconds)
+        n = _rate(lambda: endpoint.call("server", _small, (x,)).wait(), seconds)
         endpoint.close()
         return n
     raise ValueError(contender)
-
-
-def _count(once, seconds: float) -> float:
-    for _ in range(20):
-        once()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        once()
-        n += 1
-    return n / (time.perf_counter() - start)
 
 
 def _rpc_fanin(rank: int, world: int, port: int, seconds: float, out: str) -> None:
@@ -223,7 +214,7 @@ def _rpc_fanin(rank: int, world: int, port: int, seconds: float, out: str) -> No
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=world, rpc_backend_options=opts)
     if rank > 0:
         x = _held(4096)
-        rate = _count(lambda: rpc.rpc_sync("w0", _small, args=(x,)), seconds)
+        rate = _rate(lambda: rpc.rpc_sync("w0", _small, args=(x,)), seconds)
         _write(f"{out}.{rank}", str(rate))
     rpc.shutdown()
 

@@ -19,6 +19,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -31,13 +32,14 @@ STEPS = "300"  # global steps: the fit is within 0.1 of the line by then
 RESTARTED = r"/job:worker/task:1 \(pid \d+\) was killed by signal 9; restarting it \(1 of 1\)"
 
 
-def _kill_at_the_moment(run, folder: Path) -> int:
-    """Wait until worker 1 is where the helper holds it, SIGKILL it; returns the global step then."""
+def _kill_at_the_moment(run, folder: Path, victim: Optional[int] = None) -> int:
+    """Wait until worker 1 is where the helper holds it, SIGKILL it (or the `victim` pid then); returns the
+    global step then."""
     marker = folder / "kill-me"
     wait_until(lambda: marker.exists() or run.popen.poll() is not None, 60, "worker 1 to reach the moment")
     assert marker.exists(), run.describe()
     pid, step = (int(v) for v in marker.read_text().split())
-    os.kill(pid, signal.SIGKILL)
+    os.kill(victim or pid, signal.SIGKILL)
     (folder / "killed").write_text("")
     return step
 
@@ -87,16 +89,9 @@ def test_the_chief_killed_while_another_task_is_joining_does_not_stop_the_join(l
     wait_until(lambda: first.exists() or run.popen.poll() is not None, 60, "worker 1 to train 20 steps")
     assert first.exists(), run.describe()
     os.kill(int(first.read_text().split()[0]), signal.SIGKILL)
-    _kill_at_the_moment_of(run, tmp_path, pids[victim])  # worker 1's restart is inside its join now
+    _kill_at_the_moment(run, tmp_path, pids[victim])  # worker 1's restart is inside its join now
     assert run.wait(90) == 0, run.describe()
     assert "[worker:1] towerflow: /job:worker/task:1 rejoined the cluster (restart 1)" in run.err, run.describe()
     assert re.search(rf"{re.escape(victim)} \(pid \d+\) was killed by signal 9; restarting it", run.err), run.describe()
     _assert_fit(run)
 
-
-def _kill_at_the_moment_of(run, folder: Path, pid: int) -> None:
-    marker = folder / "kill-me"
-    wait_until(lambda: marker.exists() or run.popen.poll() is not None, 60, "worker 1's restart to be joining")
-    assert marker.exists(), run.describe()
-    os.kill(pid, signal.SIGKILL)
-    (folder / "killed").write_text("")

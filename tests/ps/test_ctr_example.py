@@ -25,6 +25,20 @@ def _checkpoint_steps(logdir: Path) -> list:
     return sorted(int(m.group(1)) for p in logdir.glob("ckpt-*.pt") if (m := re.match(r"ckpt-(\d+)\.pt$", p.name)))
 
 
+def _launch_until_a_checkpoint(launcher, logdir: Path, steps: int):
+    """2 ps + 2 workers of the CTR example, each task restartable once; returns once a checkpoint of step
+    40 or later exists, with the run and the pid of each task."""
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--max-restarts", "1",
+                          "--logdir", str(logdir), EXAMPLE, "--rows", "10000", "--steps", str(steps),
+                          "--test-size", "20000", "--save-checkpoint-steps", "40")
+    wait_until(lambda: "towerflow launch: started" in run.err, 30, "the launch to start its tasks")
+    started = re.search(r"towerflow launch: started (.*)", run.err).group(1)
+    pids = {name: int(pid) for name, pid in re.findall(r"(/job:\w+/task:\d+) \(pid (\d+)\)", started)}
+    wait_until(lambda: any(s >= 40 for s in _checkpoint_steps(logdir)) or run.popen.poll() is not None, 120,
+               "a checkpoint after some training")
+    return run, pids
+
+
 def _kill_ps(run, pids: dict, task: int, count: int) -> float:
     os.kill(pids[f"/job:ps/task:{task}"], signal.SIGKILL)
     killed = time.monotonic()
@@ -36,15 +50,7 @@ def _kill_ps(run, pids: dict, task: int, count: int) -> float:
 
 def test_ctr_on_two_ps_survives_killed_ps_tasks_and_reaches_the_best_auc(launcher, tmp_path):
     logdir = tmp_path / "run"
-    run = launcher.python("-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--max-restarts", "1",
-                          "--logdir", str(logdir), EXAMPLE, "--rows", "10000", "--steps", str(STEPS),
-                          "--test-size", "20000", "--save-checkpoint-steps", "40")
-    wait_until(lambda: "towerflow launch: started" in run.err, 30, "the launch to start its tasks")
-    started = re.search(r"towerflow launch: started (.*)", run.err).group(1)
-    pids = {name: int(pid) for name, pid in re.findall(r"(/job:\w+/task:\d+) \(pid (\d+)\)", started)}
-
-    wait_until(lambda: any(s >= 40 for s in _checkpoint_steps(logdir)) or run.popen.poll() is not None, 120,
-               "a checkpoint after some training")
+    run, pids = _launch_until_a_checkpoint(launcher, logdir, STEPS)
     first_s = _kill_ps(run, pids, 1, 1)
     restored = int(re.findall(r"restored every ps task from ckpt-(\d+)\.pt", run.err)[-1])
     wait_until(lambda: any(s >= restored + 120 for s in _checkpoint_steps(logdir)) or run.popen.poll() is not None, 120,
@@ -64,15 +70,7 @@ def test_ctr_on_two_ps_survives_killed_ps_tasks_and_reaches_the_best_auc(launche
 
 @pytest.mark.parametrize("moment", ["at once", "one during the other's recovery"])
 def test_two_ps_tasks_lost_together_are_both_waited_for_and_restored(launcher, tmp_path, moment):
-    logdir = tmp_path / "run"
-    run = launcher.python("-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--max-restarts", "1",
-                          "--logdir", str(logdir), EXAMPLE, "--rows", "10000", "--steps", "300",
-                          "--test-size", "20000", "--save-checkpoint-steps", "40")
-    wait_until(lambda: "towerflow launch: started" in run.err, 30, "the launch to start its tasks")
-    started = re.search(r"towerflow launch: started (.*)", run.err).group(1)
-    pids = {name: int(pid) for name, pid in re.findall(r"(/job:\w+/task:\d+) \(pid (\d+)\)", started)}
-    wait_until(lambda: any(s >= 40 for s in _checkpoint_steps(logdir)) or run.popen.poll() is not None, 120,
-               "a checkpoint after some training")
+    run, pids = _launch_until_a_checkpoint(launcher, tmp_path / "run", 300)
     os.kill(pids["/job:ps/task:1"], signal.SIGKILL)
     if moment != "at once":  # the second loss lands while the workers wait for the first one's restart
         wait_until(lambda: "lost /job:ps/task:1" in run.err or run.popen.poll() is not None, 60, "the first loss seen")

@@ -70,6 +70,11 @@ def peer_failure(event: int, is_up: bool, me: str, to: str, address: str) -> Opt
     return None
 
 
+def _unknown(to: str) -> PeerGone:
+    return PeerGone(f"no task named {to!r} has joined the cluster (it was never started, or it was replaced by a "
+                    "restarted incarnation)", to)
+
+
 def _zmq_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -130,10 +135,9 @@ class Endpoint:
         if self._stopped.is_set():
             future.set_exception(PeerGone(f"{self.name} has left the cluster: it calls no task any more", to))
             return future
-        address = self._addresses.get(to) or self._lookup(to)
+        address = self._address_of(to)
         if address is None:
-            future.set_exception(PeerGone(f"no task named {to!r} has joined the cluster (it was never started, or "
-                                          "it was replaced by a restarted incarnation)", to))
+            future.set_exception(_unknown(to))
             return future
         call_id = next(self._ids)
         frames = wire.encode(call_id, wire.Call(fn, args, kwargs))
@@ -143,10 +147,13 @@ class Endpoint:
         self._post([_CALL, to.encode(), address.encode(), *frames])
         return future
 
-    def _lookup(self, to: str) -> Optional[str]:
-        address = self._resolve(to)
-        if address is not None:
-            self._addresses[to] = address
+    def _address_of(self, to: str) -> Optional[str]:
+        """Where task `to` listens: looked up in the store once, then remembered (a call name is never reused)."""
+        address = self._addresses.get(to)
+        if address is None:
+            address = self._resolve(to)
+            if address is not None:
+                self._addresses[to] = address
         return address
 
     def _post(self, frames: List[Any]) -> None:
@@ -218,10 +225,9 @@ class Endpoint:
         of that name has published an address."""
         from towerflow.cluster.direct import DirectChannel
 
-        address = self._addresses.get(to) or self._lookup(to)
+        address = self._address_of(to)
         if address is None or self._stopped.is_set():
-            raise PeerGone(f"no task named {to!r} has joined the cluster (it was never started, or it was replaced "
-                           "by a restarted incarnation)", to)
+            raise _unknown(to)
         return DirectChannel(self._context, self.name, to, address, lambda s: self._configure_dealer(s, address))
 
     def _from_peer(self, socket: zmq.Socket) -> None:

@@ -189,12 +189,9 @@ class Server:
         """The address this task serves remote calls on: its own entry's, else the one it reaches the store from."""
         if self.binding is not None:
             return self.binding.host
-        store = self.rendezvous.store_address or self.cluster.task_address(*self._coordinator())
-        return _addresses.route_source(_addresses.resolve(split_address(store)[0])[0])
-
-    def _coordinator(self) -> tuple:
         c = self.cluster.coordinator()
-        return c.job, c.task
+        store = self.rendezvous.store_address or self.cluster.task_address(c.job, c.task)
+        return _addresses.route_source(_addresses.resolve(split_address(store)[0])[0])
 
     def _set_local_task(self) -> None:
         from towerflow.devices.logical import set_local_task

@@ -170,16 +170,18 @@ def is_endpoint_running() -> bool:
 def call_async(to: str, fn: Callable, args: tuple = (), kwargs: Optional[dict] = None, timeout: float = 0) -> torch.futures.Future:
     """Run fn(*args, **kwargs) on task `to` (its call name); tensors in args and the result travel as frames.
     `timeout` > 0: the future fails with ClusterTimeoutError when no reply came by then."""
-    if _endpoint is None:
-        raise ClusterError(f"cannot call {to}: this process serves no endpoint (start towerflow.Server first)", task=to)
-    return _endpoint.call(to, fn, args, kwargs, timeout)
+    return _serving(to).call(to, fn, args, kwargs, timeout)
 
 
 def direct_channel(to: str):
     """A connection to task `to` (its call name) that only the calling thread uses: cluster/direct.py."""
+    return _serving(to).direct(to)
+
+
+def _serving(to: str):
     if _endpoint is None:
         raise ClusterError(f"cannot call {to}: this process serves no endpoint (start towerflow.Server first)", task=to)
-    return _endpoint.direct(to)
+    return _endpoint
 
 
 deferred = _wire.deferred
