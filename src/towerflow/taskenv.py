@@ -245,7 +245,7 @@ def become_task(job: str, index: int) -> None:
 
 
 def set_default(name: str, value: str) -> None:
-    """Set a variable for the libraries this process loads later (gloo, TensorPipe, cuBLAS), unless it is set."""
+    """Set a variable for the libraries this process loads later (gloo, NCCL, cuBLAS), unless it is set."""
     os.environ.setdefault(name, value)
 
 

@@ -80,9 +80,7 @@ def client(server: towerflow.Server) -> None:
     assert any("/job:ps/replica:0/task:0" in l and "RemoteCall" in l for l in lines), lines
     print("CHECK placement log ok", flush=True)
 
-    # an idle task must not burn a core: TensorPipe's shm transport busy-polls, so it is not started
-    threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-    assert "TP_SHM_reactor" not in threads, threads
+    # an idle task must not burn a core: no thread of the messaging layer polls
     before = time.process_time()
     time.sleep(1.0)
     idle = time.process_time() - before

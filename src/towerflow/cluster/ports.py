@@ -9,8 +9,8 @@ So the launcher keeps one bound socket per port for the whole run (a scheduler r
 its own port, for the life of its process). The socket is bound without
 SO_REUSEADDR (the kernel gives it a port nobody else holds) and then marked SO_REUSEADDR without
 ever listening: Linux then lets a task bind and listen on the same port as long as the task sets
-SO_REUSEADDR too, which every listener a task starts does (c10d's TCPStore, TensorPipe and gloo
-through libuv or their own sockets), while a plain `bind(port 0)` elsewhere and the kernel's
+SO_REUSEADDR too, which every listener a task starts does (c10d's TCPStore and gloo through
+libuv or their own sockets; ZeroMQ's listeners too), while a plain `bind(port 0)` elsewhere and the kernel's
 choice of source ports for outgoing connections both skip it. A restarted task finds its port
 still held for it.
 """

@@ -19,21 +19,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from towerflow.cluster.failures import FailureRecord, FailureReport
 
 PREFIX = "towerflow launch: "  # every line the launcher says starts so
-# The transport's complaints about connections that closed under it: every peer of a failed task
-# prints them as the failure's connections close (TensorPipe: one per pipe, 8-12 per failure in a
-# 3-task job). The supervisor leaves them out once it knows of a failure (see Supervisor._failing).
 # libtorch's warning header: "[W1123 17:51:07.418216393 file.cpp:125] ", with "[rankN]:" before it once
 # a process group is up
 _WARNING = r"^(\[rank\d+\]:)?\[W\S* [^\]]*"
-_NOISE = re.compile(  # every such warning in libtorch's tensorpipe_agent.cpp (torch 2.x)
-    _WARNING + r"tensorpipe_agent\.cpp:\d+\] RPC agent for \S+ (encountered error when (accepting incoming "
-    r"pipe|reading incoming (request|response) from|sending outgoing request #|sending response to request #)|"
-    r"won't send response to request #\d+ to \S+, as the agent is shutting down)"
-)
-
 
 # c10d's warning when a store call finds its connection gone (a peer that hosted a store died),
-# followed by the C++ stack it prints with it: the lines _TRACE matches.
+# followed by the C++ stack it prints with it: the lines _TRACE matches. Every peer of a failed task
+# prints it as the failure's connections close; the supervisor leaves it out once it knows of a
+# failure (see Supervisor._failing). ZeroMQ, the messaging layer, prints nothing of the kind.
 _STORE_NOISE = re.compile(
     _WARNING + r"(TCPStore|socket|Utils)\.(cpp|hpp):\d+\] \[c10d\] .*(Connection reset by peer|Connection closed "
     r"by peer|Broken pipe|recvValue failed|failed to recv)"
@@ -42,8 +35,8 @@ _TRACE = re.compile(r"^(Exception raised from \S+ at |frame #\d+: |<omitting pyt
 
 
 def is_transport_noise(line: str) -> bool:
-    """Whether a task's stderr line is the transport's warning about a connection that closed."""
-    return _NOISE.match(line) is not None or _STORE_NOISE.match(line) is not None
+    """Whether a task's stderr line is the store's warning about a connection that closed."""
+    return _STORE_NOISE.match(line) is not None
 
 
 def continues_noise(line: str) -> bool:
