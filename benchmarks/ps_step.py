@@ -1,4 +1,4 @@
-"""The ps step on a small model (issue 17): towerflow's async ps against one process and a plain RPC loop,
+"""The ps step: towerflow's async ps against one process and a plain RPC loop,
 and where one step's time and CPU go.
 
     python benchmarks/ps_step.py                       # every contender, interleaved, 3 launches each
@@ -13,6 +13,11 @@ The issue's setup: an MLP 64-256-256-10 on scikit-learn's 8x8 digits, batch 32 p
 * ps_rpc: towerflow's async ParameterServerStrategy, 1 ps + 2 workers, TOWERFLOW_PS_LINK=rpc.
 * ps_shm: the same with the same-host shared-memory link (the default on one host).
 * ps_shm_prefetch: ps_shm with prefetch=True (next values pulled while the worker computes).
+* ps_hosts, ps_hosts_auth: 1 ps + 2 workers on three network-namespace hosts (root), encrypted (the
+  default across hosts) and authenticated only.
+* ps_rpc_before, ps_hosts_before, ps_hosts_before_tcp: the tree of --before-src (torch.distributed.rpc):
+  on one host with TOWERFLOW_PS_LINK=rpc; across the namespace hosts; and across them with TensorPipe's
+  tensors over TCP instead of CMA, as between machines (see _on_hosts).
 
 Multi-worker rates are totals: all workers' steps over the span from the first worker's start to the
 last one's end. For the towerflow contenders worker 0 also reports a breakdown per step: compute
@@ -40,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch", "ps_hosts", "ps_hosts_auth",
-              "ps_rpc_before", "ps_hosts_before")
+              "ps_rpc_before", "ps_hosts_before", "ps_hosts_before_tcp")
 BATCH, LR = 32, 0.05
 MODEL = os.environ.get("PS_STEP_MODEL", "small")  # small | large (set by --model for every process)
 
@@ -269,7 +274,7 @@ def in_cluster(args) -> None:
 
 # ---------------------------------------------------------------- the driver
 def run_one(contender: str, args, out_dir: str) -> dict:
-    src = args.before_src if contender.endswith("_before") else os.path.join(REPO, "src")
+    src = args.before_src if "_before" in contender else os.path.join(REPO, "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
            "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
     if contender.startswith("ps_hosts"):
@@ -292,7 +297,9 @@ def run_one(contender: str, args, out_dir: str) -> dict:
 def _on_hosts(args, out_dir: str, env: dict, contender: str) -> dict:
     """1 ps + 2 workers on three network-namespace hosts (tests/multihost/netns.py), one launcher each;
     ps_hosts with the wire's default across hosts (encrypted), ps_hosts_auth authenticated only,
-    ps_hosts_before on the tree of --before-src (its remote calls across hosts: torch.distributed.rpc)."""
+    ps_hosts_before on the tree of --before-src (its remote calls across hosts: torch.distributed.rpc, whose
+    tensors go by CMA between processes of one kernel, namespaces or not), ps_hosts_before_tcp the same with
+    TensorPipe's tensors over its TCP connection, as between two machines (_tensorpipe_over_tcp/)."""
     sys.path.insert(0, os.path.join(REPO, "tests", "multihost"))
     from netns import Hosts
 
@@ -310,6 +317,8 @@ def _on_hosts(args, out_dir: str, env: dict, contender: str) -> dict:
                 extra["TOWERFLOW_WIRE_SECURITY"] = "authenticate"
             if contender == "ps_hosts_before":
                 extra["PYTHONPATH"] = env["PYTHONPATH"]
+            if contender == "ps_hosts_before_tcp":  # no CMA between the namespaces: tensors over TCP
+                extra["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "_tensorpipe_over_tcp"), env["PYTHONPATH"]])
             procs = [hosts.launch(hosts[0], cluster_file, "ps", 0, script, env=extra)]
             procs += [hosts.launch(hosts[1 + w], cluster_file, "worker", w, script, env=extra) for w in range(2)]
             for p in procs:
@@ -350,8 +359,8 @@ def main(argv=None) -> None:
     bad = [c for c in contenders if c not in CONTENDERS]
     if bad:
         raise SystemExit(f"--contenders: unknown {bad}; expected some of {', '.join(CONTENDERS)}")
-    if any(c.endswith("_before") for c in contenders) and not args.before_src:
-        raise SystemExit("--contenders ps_rpc_before / ps_hosts_before need --before-src DIR (e.g. a `git worktree add` of main's "
+    if any("_before" in c for c in contenders) and not args.before_src:
+        raise SystemExit("--contenders ps_rpc_before / ps_hosts_before / ps_hosts_before_tcp need --before-src DIR (e.g. a `git worktree add` of main's "
                          "commit before the change, then DIR/src)")
     runs = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory() as tmp:
@@ -370,7 +379,7 @@ def main(argv=None) -> None:
     for c, v in base.items():
         ratios = ", ".join(f"{v / base[o]:.2f}x {o}" for o in ("one_process", "rpc_loop") if o in base and o != c)
         print(f"  {c:16s} {v:8.1f}  {ratios}")
-    for ref in ("one_process", "rpc_loop", "ps_shm", "ps_rpc_before", "ps_hosts_before"):  # each launch's own ratio (same minutes, same load), then the median
+    for ref in ("one_process", "rpc_loop", "ps_shm", "ps_rpc_before", "ps_hosts_before", "ps_hosts_before_tcp"):  # each launch's own ratio (same minutes, same load), then the median
         if ref in runs:
             paired = {c: statistics.median(r["steps_per_s"] / b["steps_per_s"] for r, b in zip(rs, runs[ref]))
                       for c, rs in runs.items() if c != ref}
