@@ -132,7 +132,7 @@ def test_options_the_ps_cannot_honour_are_refused():
 def test_a_hash_embedding_s_forget_after_reaches_the_row_store_on_the_ps():
     from towerflow.ps import HashEmbedding, SparseSGD
     from towerflow.ps.lookups import table_spec
-    from towerflow.ps.table_shards import make_store
+    from towerflow.ps.tables.table_shards import make_store
 
     spec = table_spec("ids", HashEmbedding(4, admit_after=3, evict_after=50, forget_after=20), 2, "mod", None, 0)
     assert (spec.admit_after, spec.evict_after, spec.forget_after) == (3, 50, 20)

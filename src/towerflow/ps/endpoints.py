@@ -22,7 +22,7 @@ from towerflow.ps import linked as _linked
 from towerflow.ps.messages import CreateShards, PushOutcome, PushPull, RowRead
 from towerflow.ps.policies import Ticket
 from towerflow.ps.service import ShardService
-from towerflow.ps.table_shards import TableShards
+from towerflow.ps.tables.table_shards import TableShards
 
 _services: Dict[str, ShardService] = {}
 _ready: Dict[str, List[torch.futures.Future]] = collections.defaultdict(list)

@@ -14,8 +14,8 @@ import torch
 
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.policies import Ticket, UpdatePolicy, make_policy
-from towerflow.ps.row_optimizers import RowOptimizer
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import RowOptimizer
 
 
 @dataclasses.dataclass(frozen=True)

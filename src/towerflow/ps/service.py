@@ -33,7 +33,7 @@ from towerflow.ps.coordinator import Coordinator, Go
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.messages import PUSH_KINDS, Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead
 from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, Ticket, UpdatePolicy
-from towerflow.ps.table_shards import TableShards
+from towerflow.ps.tables.table_shards import TableShards
 
 # Elementwise optimizers: the update of each element depends only on that element's history.
 ELEMENTWISE_OPTIMIZERS = ("SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Adadelta", "RMSprop", "NAdam", "RAdam", "ASGD")

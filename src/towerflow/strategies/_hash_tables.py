@@ -18,8 +18,8 @@ from torch import nn
 
 from towerflow.errors import StrategyError
 from towerflow.ps.lookups import TableLookups, find_tables
-from towerflow.ps.row_optimizers import RowOptimizer, SparseSGD, row_optimizer_for
-from towerflow.ps.vocabulary import HashRows
+from towerflow.ps.tables.row_optimizers import RowOptimizer, SparseSGD, row_optimizer_for
+from towerflow.ps.tables.vocabulary import HashRows
 
 
 def hash_tables(model: nn.Module) -> Dict[str, nn.Module]:

@@ -14,7 +14,7 @@ import torch
 
 from towerflow.errors import StrategyError
 from towerflow.ps.lookups import find_tables
-from towerflow.ps.row_optimizers import RowOptimizer, torch_optimizer_for
+from towerflow.ps.tables.row_optimizers import RowOptimizer, torch_optimizer_for
 
 
 class TableOptimizers:

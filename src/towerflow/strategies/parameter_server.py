@@ -35,12 +35,12 @@ from towerflow.ps.client import PSClient
 from towerflow.ps.layout import Layout, Partition, plan_layout
 from towerflow.ps.local_steps import check_local_steps
 from towerflow.ps.lookups import TableLookups, detach_rows, find_tables, table_spec
-from towerflow.ps.row_optimizers import RowOptimizer, row_optimizer_for
-from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.messages import PolicySpec
 from towerflow.ps.optimizer import PSOptimizer
 from towerflow.ps.recovery import Recovery
 from towerflow.ps.service import check_optimizer
+from towerflow.ps.tables import PARTITION_STRATEGIES
+from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
 from towerflow.strategies._devices import default_device, resolve_device
 from towerflow.strategies.base import Strategy
 
