@@ -12,8 +12,9 @@ from towerflow.errors import ParameterServerError
 from towerflow.ps import plan_layout
 from towerflow.ps.local_steps import check_local_steps
 from towerflow.ps.messages import PushPull, RowPush
+from towerflow.ps.messages import Ticket
 from towerflow.ps.optimizer import PSOptimizer
-from towerflow.ps.policies import AsyncPolicy, SSPPolicy, SyncPolicy, Ticket
+from towerflow.ps.policies import AsyncPolicy, SSPPolicy, SyncPolicy
 from towerflow.ps.service import ShardService
 
 

@@ -8,7 +8,8 @@ import torch
 
 from towerflow.ps.layout import plan_layout
 from towerflow.ps.messages import RowPush
-from towerflow.ps.policies import AsyncPolicy, Ticket
+from towerflow.ps.messages import Ticket
+from towerflow.ps.policies import AsyncPolicy
 from towerflow.ps.reshard import needs_reshard, reshard
 from towerflow.ps.service import ShardService
 from towerflow.ps.tables import TableSpec

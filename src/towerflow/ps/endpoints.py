@@ -19,8 +19,8 @@ from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
 from towerflow.ps import linked as _linked
-from towerflow.ps.messages import CreateShards, PushOutcome, PushPull, RowRead
-from towerflow.ps.policies import Ticket
+from towerflow.ps.messages import CreateShards, PushOutcome, PushPull, RowRead, Ticket
+from towerflow.ps.policies import make_policy
 from towerflow.ps.service import ShardService
 from towerflow.ps.tables.table_shards import TableShards
 
@@ -60,7 +60,7 @@ def create(model: str, request: CreateShards) -> int:
             tables = (TableShards(request.task, request.tables, request.row_optimizer, request.table_values)
                       if request.tables else None)
             _services[model] = ShardService(request.shards, request.values, request.optimizer_cls,
-                                             request.optimizer_settings, request.policy.build(), request.policy.num_workers,
+                                             request.optimizer_settings, make_policy(request.policy), request.policy.num_workers,
                                              tables)
         service = _services[model]
     if request.state is not None:

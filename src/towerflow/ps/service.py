@@ -31,8 +31,9 @@ import torch
 from towerflow.errors import ParameterServerError
 from towerflow.ps.coordinator import Coordinator, Go
 from towerflow.ps.layout import ShardSpec
-from towerflow.ps.messages import PUSH_KINDS, Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead
-from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, Ticket, UpdatePolicy
+from towerflow.ps.messages import (PUSH_KINDS, Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead,
+                                   Ticket)
+from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 from towerflow.ps.tables.table_shards import TableShards
 
 # Elementwise optimizers: the update of each element depends only on that element's history.

@@ -37,6 +37,7 @@ from towerflow.ps.local_steps import check_local_steps
 from towerflow.ps.lookups import TableLookups, detach_rows, find_tables, table_spec
 from towerflow.ps.messages import PolicySpec
 from towerflow.ps.optimizer import PSOptimizer
+from towerflow.ps.policies import make_policy
 from towerflow.ps.recovery import Recovery
 from towerflow.ps.service import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
@@ -102,7 +103,8 @@ class ParameterServerStrategy(Strategy):
         elif not task.threads_set_by_user:
             torch.set_num_threads(cluster.threads_per_local_task(os.cpu_count() or 1))
         spec = PolicySpec(mode, len(replicas), replicas_to_aggregate, staleness, staleness_aware_lr)
-        spec.check()  # a bad mode or setting fails here, on the worker, with the policy's own message
+        # built here only so that a bad mode or setting fails on the worker, with the policy's own message
+        described = make_policy(spec).describe()
         if prefetch and mode == "sync":
             raise ParameterServerError(
                 "prefetch=True with mode='sync': a sync worker must wait for the aggregated update before it pulls; "
@@ -119,6 +121,7 @@ class ParameterServerStrategy(Strategy):
                                spec, prefetch, self.steps)
         self.recovery = Recovery(self.client)
         self.mode = mode
+        self._described = described
         self.prefetch = prefetch
         self.local_steps = local_steps
         self.placement = placement
@@ -231,8 +234,8 @@ class ParameterServerStrategy(Strategy):
 
     # ---- measurement
     def metrics(self) -> dict:
-        """This worker's view: steps/s, bytes pushed and pulled per ps task, staleness of its pushes."""
-        return self.client.metrics()
+        """This worker's view: the mode, steps/s, bytes pushed and pulled per ps task, staleness of its pushes."""
+        return {"mode": self._described, **self.client.metrics()}
 
     def ps_metrics(self) -> Dict[str, dict]:
         """Each ps task's counters (global step, updates, dropped stale gradients, staleness, bytes per worker)."""
@@ -280,4 +283,4 @@ class ParameterServerStrategy(Strategy):
     def __repr__(self) -> str:
         geo = f", {self.local_steps} local steps per push" if self.local_steps > 1 else ""
         return (f"ParameterServerStrategy(worker {self.replica_id} of {self.num_replicas_in_sync}, {self.num_ps} ps, "
-                f"{self.policy.describe()}{geo}, on {self.device_name})")
+                f"{self._described}{geo}, on {self.device_name})")
