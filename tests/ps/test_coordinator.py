@@ -7,9 +7,9 @@ import random
 import pytest
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.coordinator import Collecting, Coordinator, Finished, Go, Open, Wait
 from towerflow.ps.messages import PolicySpec, Ticket
-from towerflow.ps.policies import (
+from towerflow.ps.server.coordinator import Collecting, Coordinator, Finished, Go, Open, Wait
+from towerflow.ps.server.policies import (
     Apply,
     AsyncPolicy,
     Drop,

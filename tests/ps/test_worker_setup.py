@@ -13,7 +13,7 @@ import towerflow
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.launch.local import PS_SERVE_MODULE, plan_local
 from towerflow.ps.messages import Endpoint, Endpoints, PolicySpec
-from towerflow.ps.policies import SSPPolicy, SyncPolicy, make_policy
+from towerflow.ps.server.policies import SSPPolicy, SyncPolicy, make_policy
 
 CLUSTER = {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]}
 
@@ -48,7 +48,7 @@ def test_the_policy_travels_as_a_description_and_the_ps_builds_it():
 
 
 def test_every_call_a_worker_names_arrives_as_the_ps_function_of_that_name():
-    from towerflow.ps import endpoints
+    from towerflow.ps.server import endpoints
 
     named = {name: e for name, e in vars(Endpoints).items() if isinstance(e, Endpoint)}
     assert "push_pull" in named and len(named) > 10

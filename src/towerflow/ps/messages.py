@@ -21,7 +21,7 @@ from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import RowOptimizer
 
 # The ps module whose functions the endpoints name: named, not imported, since a worker runs none of them.
-ENDPOINTS_MODULE = "towerflow.ps.endpoints"
+ENDPOINTS_MODULE = "towerflow.ps.server.endpoints"
 
 
 def _endpoint_function(name: str) -> Callable:
@@ -121,7 +121,7 @@ class RowPush:
 
 
 # What a push carries: "grad", gradients for the ps's optimizer; "delta", a local-steps (geo) worker's
-# parameter change since its last pull, which the ps adds to its values (ps/local_steps.py).
+# parameter change since its last pull, which the ps adds to its values (ps/worker/local_steps.py).
 PUSH_KINDS = ("grad", "delta")
 
 

@@ -10,14 +10,14 @@ TF 1.x's between-graph replication with `replica_device_setter`, for PyTorch:
 values and the optimizer's type and settings, and the ps tasks own the optimizer state from
 then on. Each `optimizer.step()` packs this worker's gradients into one flat buffer per ps
 task (reused, no per-element Python), pushes them to every ps at once, and pulls the new
-values back into the model; how pushes become updates is the mode (`ps/policies.py`).
+values back into the model; how pushes become updates is the mode (`ps/server/policies.py`).
 With `prefetch=True` (async and ssp) the next values are pulled while the worker computes.
 With `local_steps=k` (k > 1, geo-SGD) the optimizer steps on the worker and every k-th step
-pushes the parameter delta instead (`ps/local_steps.py`).
+pushes the parameter delta instead (`ps/worker/local_steps.py`).
 
 The ps tasks do not run this strategy: they serve (`towerflow launch` starts them as
 `python -m towerflow.ps.serve`; scripts in the seeds' style call `server.join()` on them). The
-work is in `ps/`: `PSClient` makes the calls, `Recovery` survives a lost ps, `PSOptimizer` is
+work is in `ps/worker/`: `PSClient` makes the calls, `Recovery` survives a lost ps, `PSOptimizer` is
 the optimizer `setup` returns; this module reads the task's settings and wires them together.
 """
 
@@ -31,17 +31,17 @@ import torch
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import server as _server
 from towerflow.errors import ParameterServerError, StrategyError
-from towerflow.ps.client import PSClient
 from towerflow.ps.layout import Layout, Partition, plan_layout
-from towerflow.ps.local_steps import check_local_steps
-from towerflow.ps.lookups import TableLookups, detach_rows, find_tables, table_spec
 from towerflow.ps.messages import PolicySpec
-from towerflow.ps.optimizer import PSOptimizer
-from towerflow.ps.policies import make_policy
-from towerflow.ps.recovery import Recovery
-from towerflow.ps.service import check_optimizer
+from towerflow.ps.server.policies import make_policy
+from towerflow.ps.server.service import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
+from towerflow.ps.worker.client import PSClient
+from towerflow.ps.worker.local_steps import check_local_steps
+from towerflow.ps.worker.lookups import TableLookups, detach_rows, find_tables, table_spec
+from towerflow.ps.worker.optimizer import PSOptimizer
+from towerflow.ps.worker.recovery import Recovery
 from towerflow.strategies._devices import default_device, resolve_device
 from towerflow.strategies.base import Strategy
 

@@ -30,7 +30,7 @@ from towerflow.errors import ParameterServerError, did_you_mean
 from towerflow.ps.messages import PolicySpec, Ticket
 
 if TYPE_CHECKING:  # pragma: no cover
-    from towerflow.ps.coordinator import Coordinator
+    from towerflow.ps.server.coordinator import Coordinator
 
 MODES = ("async", "sync", "ssp")
 

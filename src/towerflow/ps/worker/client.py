@@ -18,10 +18,10 @@ import torch
 
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
-from towerflow.ps import linked
-from towerflow.ps import reshard as _reshard
-from towerflow.ps.channel import Channel
 from towerflow.ps.layout import Layout
+from towerflow.ps.worker import linked
+from towerflow.ps.worker import reshard as _reshard
+from towerflow.ps.worker.channel import Channel
 from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PolicySpec, Pulled, PushPull, PushPulled,
                                    Rejoined, RowPush, RowRead)
 from towerflow.ps.tables import TableSpec
@@ -275,7 +275,7 @@ class PSClient:
         """One training step: one push-pull call per ps task, all in flight at once, carrying its dense
         gradients and its part of the tables' row gradients (`row_grads`: {table: (unique ids, grads)});
         with prefetch, install the previous step's values (these come back while the worker computes).
-        `kind="delta"`: the `.grad` slots hold a local-steps worker's parameter deltas (ps/local_steps.py)."""
+        `kind="delta"`: the `.grad` slots hold a local-steps worker's parameter deltas (`local_steps.py`)."""
         rows = self._row_pushes(row_grads)
         self.open()
         k = self.pushes % 2  # push buffer set k was last used two steps ago, and that call has been waited for
