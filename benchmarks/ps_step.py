@@ -113,7 +113,7 @@ def _ps_usage() -> tuple:
 
 def _ps_instrument() -> None:
     """On the ps: time ShardService.push and .pull (what the ps itself does for a step)."""
-    from towerflow.ps import service
+    from towerflow.ps.server import service
 
     cls = service.ShardService
     if getattr(cls, "_timed", False):
@@ -193,7 +193,7 @@ def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
 
 def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch: bool) -> dict:
     from towerflow.cluster import transport
-    from towerflow.ps import channel
+    from towerflow.ps.worker import channel
 
     me = _by_name()
     strategy = strategy_cls(mode="async", prefetch=prefetch)

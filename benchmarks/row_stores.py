@@ -17,8 +17,8 @@ import time
 import torch
 
 from towerflow.ps import SparseAdagrad, SparseSGD
-from towerflow.ps.rows import FixedRows
-from towerflow.ps.vocabulary import HashRows
+from towerflow.ps.tables.rows import FixedRows
+from towerflow.ps.tables.vocabulary import HashRows
 
 
 def _fixed(rows, dim, n, spec):

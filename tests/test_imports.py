@@ -87,7 +87,19 @@ def test_a_process_that_serves_no_remote_calls_does_not_load_zmq():
     out = _python(
         "import sys, towerflow\n"
         "import towerflow.strategies.environment, towerflow.cluster.transport, towerflow.cluster.server\n"
-        "import towerflow.ps.endpoints, towerflow.ps.client\n"
+        "import towerflow.ps.server.endpoints, towerflow.ps.worker.client\n"
         "print('zmq' in sys.modules)\n"
     )
     assert out.strip() == "False"  # an all-reduce replica imports these, and never binds an endpoint
+
+
+def test_the_worker_side_of_a_ps_step_loads_nothing_of_the_ps_side():
+    # its calls name the ps's endpoints (messages.Endpoints) and pickle without importing them
+    out = _python(
+        "import pickle, sys\n"
+        "import towerflow.ps.worker.optimizer, towerflow.ps.worker.lookups\n"
+        "from towerflow.ps.messages import Endpoints\n"
+        "pickle.dumps(Endpoints.push_pull)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('towerflow.ps.server')))\n"
+    )
+    assert out.strip() == "[]", out

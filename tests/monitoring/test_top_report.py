@@ -79,7 +79,7 @@ def test_cli_top_once_and_missing_logdir(logdir, tmp_path):
 
 
 def test_a_ps_record_shows_its_update_rate_and_table_rows(tmp_path):
-    from towerflow.ps.monitor import summary
+    from towerflow.ps.server.monitor import summary
 
     service_metrics = {"applied_updates": 40, "updates_per_s": 12.5, "dropped_stale": 3, "staleness_histogram": {0: 40},
                        "bytes_pushed_by_worker": {0: 100, 1: 50}, "bytes_pulled_by_worker": {0: 10},

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.coordinator import Collecting, Coordinator, Finished, Go, Open, Wait
-from towerflow.ps.policies import (
+from towerflow.ps.messages import PolicySpec, Ticket
+from towerflow.ps.server.coordinator import Collecting, Coordinator, Finished, Go, Open, Wait
+from towerflow.ps.server.policies import (
     Apply,
     AsyncPolicy,
     Drop,
@@ -16,7 +17,6 @@ from towerflow.ps.policies import (
     PullRequest,
     SSPPolicy,
     SyncPolicy,
-    Ticket,
     make_policy,
 )
 
@@ -194,29 +194,29 @@ def test_unbounded_async_never_waits_and_staleness_grows_with_the_slow_worker():
 @pytest.mark.parametrize(
     "kwargs, cls, text",
     [
-        (dict(mode="async"), AsyncPolicy, "async"),
+        (dict(mode="async", num_workers=1), AsyncPolicy, "async"),
         (dict(mode="sync", num_workers=3), SyncPolicy, "sync (3 of 3 replicas per update)"),
         (dict(mode="sync", num_workers=3, replicas_to_aggregate=2), SyncPolicy, "sync (2 of 3 replicas per update)"),
-        (dict(mode="ssp", staleness=2), SSPPolicy, "ssp (staleness bound 2)"),
-        (dict(mode="async", staleness_aware_lr=True), AsyncPolicy, "async (lr / staleness)"),
+        (dict(mode="ssp", num_workers=1, staleness=2), SSPPolicy, "ssp (staleness bound 2)"),
+        (dict(mode="async", num_workers=1, staleness_aware_lr=True), AsyncPolicy, "async (lr / staleness)"),
     ],
 )
 def test_make_policy(kwargs, cls, text):
-    p = make_policy(**kwargs)
+    p = make_policy(PolicySpec(**kwargs))
     assert isinstance(p, cls) and p.describe() == text
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(mode="asynch"), "Did you mean 'async'"),
+        (dict(mode="asynch", num_workers=1), "Did you mean 'async'"),
         (dict(mode="sync", num_workers=2, replicas_to_aggregate=3), "replicas_to_aggregate=3"),
-        (dict(mode="ssp", staleness=-1), "staleness=-1"),
+        (dict(mode="ssp", num_workers=1, staleness=-1), "staleness=-1"),
     ],
 )
 def test_bad_policies_say_what_to_do(kwargs, match):
     with pytest.raises(ParameterServerError, match=match):
-        make_policy(**kwargs)
+        make_policy(PolicySpec(**kwargs))
 
 
 def test_unknown_worker_is_refused():

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from towerflow.ps._id_map import IdMap
+from towerflow.ps.tables._id_map import IdMap
 
 torch.set_num_threads(1)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -1,4 +1,4 @@
-"""ps/linked.py: the worker's side of the same-host link, without processes."""
+"""ps/worker/linked.py: the worker's side of the same-host link, without processes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from towerflow.ps import linked
+from towerflow.ps.worker import linked
 
 
 def _channel():

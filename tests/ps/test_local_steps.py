@@ -10,11 +10,12 @@ from towerflow import taskenv
 from towerflow.cli import build_parser
 from towerflow.errors import ParameterServerError
 from towerflow.ps import plan_layout
-from towerflow.ps.local_steps import check_local_steps
 from towerflow.ps.messages import PushPull, RowPush
-from towerflow.ps.optimizer import PSOptimizer
-from towerflow.ps.policies import AsyncPolicy, SSPPolicy, SyncPolicy, Ticket
-from towerflow.ps.service import ShardService
+from towerflow.ps.messages import Ticket
+from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
+from towerflow.ps.server.service import ShardService
+from towerflow.ps.worker.local_steps import check_local_steps
+from towerflow.ps.worker.optimizer import PSOptimizer
 
 
 def _values(seed=0):

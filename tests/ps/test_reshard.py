@@ -8,12 +8,13 @@ import torch
 
 from towerflow.ps.layout import plan_layout
 from towerflow.ps.messages import RowPush
-from towerflow.ps.policies import AsyncPolicy, Ticket
-from towerflow.ps.reshard import needs_reshard, reshard
-from towerflow.ps.row_optimizers import SparseAdagrad
-from towerflow.ps.service import ShardService
-from towerflow.ps.table_shards import TableShards
+from towerflow.ps.messages import Ticket
+from towerflow.ps.server.policies import AsyncPolicy
+from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import SparseAdagrad
+from towerflow.ps.tables.table_shards import TableShards
+from towerflow.ps.worker.reshard import needs_reshard, reshard
 
 OPT = SparseAdagrad(lr=0.5)
 

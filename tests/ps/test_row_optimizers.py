@@ -11,7 +11,7 @@ import torch
 
 from towerflow.errors import ParameterServerError
 from towerflow.ps import FTRL, SparseAdagrad, SparseAdam, SparseSGD, row_optimizer_for
-from towerflow.ps.row_optimizers import coalesce
+from towerflow.ps.tables.row_optimizers import coalesce
 
 torch.set_num_threads(1)
 

@@ -7,8 +7,8 @@ import torch
 
 from towerflow.errors import ParameterServerError
 from towerflow.ps import FTRL, SparseAdagrad, SparseAdam, SparseSGD
-from towerflow.ps.rows import FixedRows
-from towerflow.ps.vocabulary import HashRows
+from towerflow.ps.tables.rows import FixedRows
+from towerflow.ps.tables.vocabulary import HashRows
 
 torch.set_num_threads(1)
 

@@ -9,8 +9,8 @@ import torch
 
 from towerflow.errors import ParameterServerError
 from towerflow.ps import plan_layout
-from towerflow.ps.policies import AsyncPolicy, SSPPolicy, SyncPolicy
-from towerflow.ps.service import ShardService
+from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
+from towerflow.ps.server.service import ShardService
 
 
 def _model_values(seed=0):

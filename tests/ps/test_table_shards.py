@@ -6,11 +6,12 @@ import torch
 
 from towerflow.ps.layout import plan_layout
 from towerflow.ps.messages import RowPush
-from towerflow.ps.policies import SyncPolicy, Ticket
-from towerflow.ps.row_optimizers import SparseAdagrad
-from towerflow.ps.service import ShardService
-from towerflow.ps.table_shards import TableShards
+from towerflow.ps.messages import Ticket
+from towerflow.ps.server.policies import SyncPolicy
+from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import SparseAdagrad
+from towerflow.ps.tables.table_shards import TableShards
 
 
 def test_a_stale_sync_push_drops_its_rows_and_a_held_one_waits_for_the_update():

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from towerflow.errors import LayoutError, ParameterServerError
-from towerflow.ps.lookups import TableLookups, detach_rows, find_tables
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.worker.lookups import TableLookups, detach_rows, find_tables
 
 
 @pytest.mark.parametrize("strategy", ["mod", "div"])
@@ -131,8 +131,8 @@ def test_options_the_ps_cannot_honour_are_refused():
 
 def test_a_hash_embedding_s_forget_after_reaches_the_row_store_on_the_ps():
     from towerflow.ps import HashEmbedding, SparseSGD
-    from towerflow.ps.lookups import table_spec
-    from towerflow.ps.table_shards import make_store
+    from towerflow.ps.tables.table_shards import make_store
+    from towerflow.ps.worker.lookups import table_spec
 
     spec = table_spec("ids", HashEmbedding(4, admit_after=3, evict_after=50, forget_after=20), 2, "mod", None, 0)
     assert (spec.admit_after, spec.evict_after, spec.forget_after) == (3, 50, 20)

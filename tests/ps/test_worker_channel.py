@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from towerflow.ps import plan_layout
-from towerflow.ps.policies import Ticket
-from towerflow.ps.channel import Channel
+from towerflow.ps.messages import Ticket
+from towerflow.ps.worker.channel import Channel
 
 
 def _params():

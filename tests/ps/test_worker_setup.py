@@ -4,6 +4,7 @@ messages, the policy travels as a `PolicySpec` the ps builds, and the launcher h
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 
 import pytest
@@ -11,8 +12,8 @@ import pytest
 import towerflow
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.launch.local import PS_SERVE_MODULE, plan_local
-from towerflow.ps.messages import PolicySpec
-from towerflow.ps.policies import SSPPolicy, SyncPolicy
+from towerflow.ps.messages import Endpoint, Endpoints, PolicySpec
+from towerflow.ps.server.policies import SSPPolicy, SyncPolicy, make_policy
 
 CLUSTER = {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]}
 
@@ -40,10 +41,19 @@ def test_bad_settings_fail_on_the_worker_at_construction(monkeypatch, options, m
 
 def test_the_policy_travels_as_a_description_and_the_ps_builds_it():
     spec = PolicySpec("sync", num_workers=3, replicas_to_aggregate=2)
-    policy = spec.build()
-    assert isinstance(policy, SyncPolicy) and policy.aggregates and spec.describe() == policy.describe()
-    ssp = PolicySpec("ssp", num_workers=2, staleness=1).build()
+    policy = make_policy(pickle.loads(pickle.dumps(spec)))
+    assert isinstance(policy, SyncPolicy) and policy.aggregates and policy.describe() == "sync (2 of 3 replicas per update)"
+    ssp = make_policy(PolicySpec("ssp", num_workers=2, staleness=1))
     assert isinstance(ssp, SSPPolicy) and not ssp.aggregates
+
+
+def test_every_call_a_worker_names_arrives_as_the_ps_function_of_that_name():
+    from towerflow.ps.server import endpoints
+
+    named = {name: e for name, e in vars(Endpoints).items() if isinstance(e, Endpoint)}
+    assert "push_pull" in named and len(named) > 10
+    for name, endpoint in named.items():
+        assert endpoint.name == name and pickle.loads(pickle.dumps(endpoint)) is getattr(endpoints, name)
 
 
 def test_the_strategy_keeps_the_mode_it_was_given(monkeypatch):

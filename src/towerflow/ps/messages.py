@@ -1,44 +1,82 @@
-"""What crosses the wire between a worker and a ps task: small frozen requests and replies.
+"""What crosses the wire between a worker and a ps task: small frozen requests and replies, and the
+names of the calls.
 
-The worker describes what it wants in plain data (`PolicySpec` rather than a policy object, so
-the ps builds and owns its policy); the ps answers with typed replies rather than tuples, so a
-reply says what it is (`PushPulled` vs `Pulled`) instead of being told apart by its length.
+Both sides import this module and it imports neither, so it holds only plain data. The worker
+describes what it wants (`PolicySpec` rather than a policy object: the ps builds and owns its
+policy); the ps answers with typed replies rather than tuples, so a reply says what it is
+(`PushPulled` vs `Pulled`) instead of being told apart by its length. A call names its ps function
+by an `Endpoint` (`Endpoints` lists them), so a worker calls the ps's code without importing it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+import importlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 
 from towerflow.ps.layout import ShardSpec
-from towerflow.ps.policies import Ticket, UpdatePolicy, make_policy
-from towerflow.ps.row_optimizers import RowOptimizer
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import RowOptimizer
+
+# The ps module whose functions the endpoints name: named, not imported, since a worker runs none of them.
+ENDPOINTS_MODULE = "towerflow.ps.server.endpoints"
+
+
+def _endpoint_function(name: str) -> Callable:
+    """The ps's function `name`: what an `Endpoint` becomes when the ps unpickles a call."""
+    return getattr(importlib.import_module(ENDPOINTS_MODULE), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """A function of the ps's endpoints module, by name: it pickles as a reference that the ps unpickles
+    as the function itself, so `transport.call_async(ps, Endpoint("pull"), ...)` runs `pull` there."""
+
+    name: str
+
+    def __reduce__(self):
+        return _endpoint_function, (self.name,)
+
+
+class Endpoints:
+    """Every call a worker makes on a ps task (the ps's endpoints module defines each, same name)."""
+
+    create = Endpoint("create")
+    open_model = Endpoint("open_model")
+    wait_ready = Endpoint("wait_ready")
+    rejoin = Endpoint("rejoin")
+    pull = Endpoint("pull")
+    push_pull = Endpoint("push_pull")
+    attach_link = Endpoint("attach_link")
+    read_rows = Endpoint("read_rows")
+    finish = Endpoint("finish")
+    wait_finished = Endpoint("wait_finished")
+    metrics = Endpoint("metrics")
+    state = Endpoint("state")
+    load_state = Endpoint("load_state")
+    values = Endpoint("values")
+    table_values = Endpoint("table_values")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ticket:
+    """What a pull hands a worker and its next push brings back: the step it read and how far ahead it was."""
+
+    step: int
+    gap: int = 0  # ssp: the worker's clock minus the slowest active worker's clock at the pull
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicySpec:
-    """How the ps combines pushes (`--mode` and its settings); the ps builds the policy from it."""
+    """How the ps combines pushes (`--mode` and its settings); the ps builds its policy from it."""
 
     mode: str
     num_workers: int
     replicas_to_aggregate: Optional[int] = None
     staleness: Optional[int] = None
     staleness_aware_lr: bool = False
-
-    def build(self) -> UpdatePolicy:
-        """The policy this spec describes (raises ParameterServerError on a bad combination)."""
-        return make_policy(self.mode, num_workers=self.num_workers, replicas_to_aggregate=self.replicas_to_aggregate,
-                           staleness=self.staleness, staleness_aware_lr=self.staleness_aware_lr)
-
-    def check(self) -> None:
-        """Raise the policy's own error now, on the worker, instead of later on the ps."""
-        self.build()
-
-    def describe(self) -> str:
-        return self.build().describe()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +121,7 @@ class RowPush:
 
 
 # What a push carries: "grad", gradients for the ps's optimizer; "delta", a local-steps (geo) worker's
-# parameter change since its last pull, which the ps adds to its values (ps/local_steps.py).
+# parameter change since its last pull, which the ps adds to its values (ps/worker/local_steps.py).
 PUSH_KINDS = ("grad", "delta")
 
 

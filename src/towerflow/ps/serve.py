@@ -2,7 +2,9 @@
 
 `towerflow launch` runs this on every ps task, so a training script runs only on the chief and
 the workers. The Server finds its task from the flags or from the launcher's environment; the
-ps then serves the shards the chief creates (`endpoints.py`) until every task is done.
+ps then serves the shards the chief creates (`ps/server/endpoints.py`) until every task is done.
+The program sits at the top of `ps/`, beside what it runs, so that its command stays
+`towerflow.ps.serve`: the launcher, error messages and docs name it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import torch
 
 from towerflow import taskenv
 from towerflow.cluster.server import Server
-from towerflow.ps import endpoints
-from towerflow.ps.monitor import PSRecorder
-from towerflow.ps.service import warm_up
+from towerflow.ps.server import endpoints
+from towerflow.ps.server.monitor import PSRecorder
+from towerflow.ps.server.service import warm_up
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -1,7 +1,7 @@
 """`HashEmbedding` tables in one process: the ps's row stores held and trained here.
 
 The same script runs with parameter servers (the rows on the ps tasks) and without. In one process
-`setup` gives each HashEmbedding a `HashRows` of its own (ps/vocabulary.py, the ps's own store),
+`setup` gives each HashEmbedding a `HashRows` of its own (ps/tables/vocabulary.py, the ps's own store),
 looked up through the same two-pass `TableLookups` a ps worker uses, and trained after each
 optimizer step by the row-wise optimizer (`sparse_optimizer=`, else the row-wise form of the
 model's optimizer). Admission, eviction and forgetting count this process's optimizer steps, as
@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from towerflow.errors import StrategyError
-from towerflow.ps.lookups import TableLookups, find_tables
-from towerflow.ps.row_optimizers import RowOptimizer, SparseSGD, row_optimizer_for
-from towerflow.ps.vocabulary import HashRows
+from towerflow.ps.tables.row_optimizers import RowOptimizer, SparseSGD, row_optimizer_for
+from towerflow.ps.tables.vocabulary import HashRows
+from towerflow.ps.worker.lookups import TableLookups, find_tables
 
 
 def hash_tables(model: nn.Module) -> Dict[str, nn.Module]:

@@ -13,8 +13,8 @@ from typing import List, Optional
 import torch
 
 from towerflow.errors import StrategyError
-from towerflow.ps.lookups import find_tables
-from towerflow.ps.row_optimizers import RowOptimizer, torch_optimizer_for
+from towerflow.ps.tables.row_optimizers import RowOptimizer, torch_optimizer_for
+from towerflow.ps.worker.lookups import find_tables
 
 
 class TableOptimizers:

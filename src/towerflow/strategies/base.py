@@ -26,9 +26,9 @@ from torch.utils.data import Dataset, IterableDataset
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
-from towerflow.ps.row_optimizers import RowOptimizer
-from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
+from towerflow.ps.tables.row_optimizers import RowOptimizer
 from towerflow.strategies._hash_tables import local_hash_tables
+from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
 from towerflow.strategies._tables import with_table_optimizer
 
 MIXED_PRECISION = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -10,14 +10,14 @@ TF 1.x's between-graph replication with `replica_device_setter`, for PyTorch:
 values and the optimizer's type and settings, and the ps tasks own the optimizer state from
 then on. Each `optimizer.step()` packs this worker's gradients into one flat buffer per ps
 task (reused, no per-element Python), pushes them to every ps at once, and pulls the new
-values back into the model; how pushes become updates is the mode (`ps/policies.py`).
+values back into the model; how pushes become updates is the mode (`ps/server/policies.py`).
 With `prefetch=True` (async and ssp) the next values are pulled while the worker computes.
 With `local_steps=k` (k > 1, geo-SGD) the optimizer steps on the worker and every k-th step
-pushes the parameter delta instead (`ps/local_steps.py`).
+pushes the parameter delta instead (`ps/worker/local_steps.py`).
 
 The ps tasks do not run this strategy: they serve (`towerflow launch` starts them as
 `python -m towerflow.ps.serve`; scripts in the seeds' style call `server.join()` on them). The
-work is in `ps/`: `PSClient` makes the calls, `Recovery` survives a lost ps, `PSOptimizer` is
+work is in `ps/worker/`: `PSClient` makes the calls, `Recovery` survives a lost ps, `PSOptimizer` is
 the optimizer `setup` returns; this module reads the task's settings and wires them together.
 """
 
@@ -31,16 +31,17 @@ import torch
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import server as _server
 from towerflow.errors import ParameterServerError, StrategyError
-from towerflow.ps.client import PSClient
 from towerflow.ps.layout import Layout, Partition, plan_layout
-from towerflow.ps.local_steps import check_local_steps
-from towerflow.ps.lookups import TableLookups, detach_rows, find_tables, table_spec
-from towerflow.ps.row_optimizers import RowOptimizer, row_optimizer_for
-from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.messages import PolicySpec
-from towerflow.ps.optimizer import PSOptimizer
-from towerflow.ps.recovery import Recovery
-from towerflow.ps.service import check_optimizer
+from towerflow.ps.server.policies import make_policy
+from towerflow.ps.server.service import check_optimizer
+from towerflow.ps.tables import PARTITION_STRATEGIES
+from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
+from towerflow.ps.worker.client import PSClient
+from towerflow.ps.worker.local_steps import check_local_steps
+from towerflow.ps.worker.lookups import TableLookups, detach_rows, find_tables, table_spec
+from towerflow.ps.worker.optimizer import PSOptimizer
+from towerflow.ps.worker.recovery import Recovery
 from towerflow.strategies._devices import default_device, resolve_device
 from towerflow.strategies.base import Strategy
 
@@ -102,7 +103,8 @@ class ParameterServerStrategy(Strategy):
         elif not task.threads_set_by_user:
             torch.set_num_threads(cluster.threads_per_local_task(os.cpu_count() or 1))
         spec = PolicySpec(mode, len(replicas), replicas_to_aggregate, staleness, staleness_aware_lr)
-        spec.check()  # a bad mode or setting fails here, on the worker, with the policy's own message
+        # built here only so that a bad mode or setting fails on the worker, with the policy's own message
+        described = make_policy(spec).describe()
         if prefetch and mode == "sync":
             raise ParameterServerError(
                 "prefetch=True with mode='sync': a sync worker must wait for the aggregated update before it pulls; "
@@ -119,6 +121,7 @@ class ParameterServerStrategy(Strategy):
                                spec, prefetch, self.steps)
         self.recovery = Recovery(self.client)
         self.mode = mode
+        self._described = described
         self.prefetch = prefetch
         self.local_steps = local_steps
         self.placement = placement
@@ -231,8 +234,8 @@ class ParameterServerStrategy(Strategy):
 
     # ---- measurement
     def metrics(self) -> dict:
-        """This worker's view: steps/s, bytes pushed and pulled per ps task, staleness of its pushes."""
-        return self.client.metrics()
+        """This worker's view: the mode, steps/s, bytes pushed and pulled per ps task, staleness of its pushes."""
+        return {"mode": self._described, **self.client.metrics()}
 
     def ps_metrics(self) -> Dict[str, dict]:
         """Each ps task's counters (global step, updates, dropped stale gradients, staleness, bytes per worker)."""
@@ -280,4 +283,4 @@ class ParameterServerStrategy(Strategy):
     def __repr__(self) -> str:
         geo = f", {self.local_steps} local steps per push" if self.local_steps > 1 else ""
         return (f"ParameterServerStrategy(worker {self.replica_id} of {self.num_replicas_in_sync}, {self.num_ps} ps, "
-                f"{self.policy.describe()}{geo}, on {self.device_name})")
+                f"{self._described}{geo}, on {self.device_name})")

@@ -2,7 +2,7 @@
 
 After `strategy.setup`, every table module (`nn.Embedding` / `nn.EmbeddingBag` with
 `sparse=True`, or a `HashEmbedding`) keeps its class and its call, but holds no rows: they live
-on the ps tasks (`tables.py`). A call of the model then runs in two passes:
+on the ps tasks (`ps/tables/`). A call of the model then runs in two passes:
 
 1. **record**: the model's forward runs under `no_grad` in eval mode with each table answering
    zeros and noting the ids it was asked for; it stops as soon as every table has been called

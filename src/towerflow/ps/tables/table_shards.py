@@ -15,10 +15,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.row_optimizers import RowOptimizer
-from towerflow.ps.rows import FixedRows
-from towerflow.ps.vocabulary import HashRows
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import RowOptimizer
+from towerflow.ps.tables.rows import FixedRows
+from towerflow.ps.tables.vocabulary import HashRows
 
 
 def _seed(spec: TableSpec, shard: int) -> int:

@@ -20,7 +20,8 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, Ticket, UpdatePolicy
+from towerflow.ps.messages import Ticket
+from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 
 
 # ---- states (snapshots; `Coordinator.state` returns one)

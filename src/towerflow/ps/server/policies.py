@@ -16,6 +16,9 @@ stale), and whether a worker may pull parameters for its next step yet.
 
 Staleness is counted in the policy's unit: updates applied since the worker's pull (async,
 sync), or clocks ahead of the slowest worker at the pull (ssp, where the bound applies).
+
+The ps builds its policy from the worker's `PolicySpec` (`make_policy`); the worker's strategy
+builds one too, only to refuse a bad mode or setting before anything is sent.
 """
 
 from __future__ import annotations
@@ -24,19 +27,12 @@ import dataclasses
 from typing import TYPE_CHECKING, Optional
 
 from towerflow.errors import ParameterServerError, did_you_mean
+from towerflow.ps.messages import PolicySpec, Ticket
 
 if TYPE_CHECKING:  # pragma: no cover
-    from towerflow.ps.coordinator import Coordinator
+    from towerflow.ps.server.coordinator import Coordinator
 
 MODES = ("async", "sync", "ssp")
-
-
-@dataclasses.dataclass(frozen=True)
-class Ticket:
-    """What a pull hands a worker and its next push brings back: the step it read and how far ahead it was."""
-
-    step: int
-    gap: int = 0  # ssp: the worker's clock minus the slowest active worker's clock at the pull
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,21 +208,16 @@ class SSPPolicy(UpdatePolicy):
         return f"ssp (staleness bound {self.staleness})" + (" (lr / staleness)" if self.staleness_aware_lr else "")
 
 
-def make_policy(
-    mode: str = "async",
-    *,
-    num_workers: int = 1,
-    replicas_to_aggregate: Optional[int] = None,
-    staleness: Optional[int] = None,
-    staleness_aware_lr: bool = False,
-) -> UpdatePolicy:
-    """The policy for `--mode async|sync|ssp` (with `--replicas-to-aggregate N` / `--staleness K`)."""
-    if mode not in MODES:
-        raise ParameterServerError(f"mode={mode!r}: expected one of {MODES}{did_you_mean(str(mode), MODES)}")
-    if mode == "async":
-        return AsyncPolicy(staleness_aware_lr)
-    if mode == "sync":
-        if staleness_aware_lr:
+def make_policy(spec: PolicySpec) -> UpdatePolicy:
+    """The policy `spec` describes (`--mode async|sync|ssp`, with `--replicas-to-aggregate N` / `--staleness K`);
+    a bad mode or combination raises ParameterServerError saying what to change."""
+    if spec.mode not in MODES:
+        raise ParameterServerError(f"mode={spec.mode!r}: expected one of {MODES}{did_you_mean(str(spec.mode), MODES)}")
+    if spec.mode == "async":
+        return AsyncPolicy(spec.staleness_aware_lr)
+    if spec.mode == "sync":
+        if spec.staleness_aware_lr:
             raise ParameterServerError("staleness_aware_lr has no effect in mode='sync' (applied gradients are never stale); drop it")
-        return SyncPolicy(num_workers if replicas_to_aggregate is None else replicas_to_aggregate, num_workers)
-    return SSPPolicy(0 if staleness is None else staleness, staleness_aware_lr)
+        aggregate = spec.num_workers if spec.replicas_to_aggregate is None else spec.replicas_to_aggregate
+        return SyncPolicy(aggregate, spec.num_workers)
+    return SSPPolicy(0 if spec.staleness is None else spec.staleness, spec.staleness_aware_lr)

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional
 
 from towerflow.errors import ParameterServerError
 
-from towerflow.ps.client import PSClient, PSLost
+from towerflow.ps.worker.client import PSClient, PSLost
 
 
 class Recovery:

@@ -16,7 +16,7 @@ Reads do not lock (TF's `use_locking=False`): a pull returns the live tensor, an
 mode an update may land while it is being sent. Updates are applied one at a time.
 
 Workers reach a `ShardService` through the public functions of `endpoints.py`, with the
-requests and replies of `messages.py`.
+requests and replies of `ps/messages.py`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 import torch
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.coordinator import Coordinator, Go
 from towerflow.ps.layout import ShardSpec
-from towerflow.ps.messages import PUSH_KINDS, Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead
-from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, Ticket, UpdatePolicy
-from towerflow.ps.table_shards import TableShards
+from towerflow.ps.server.coordinator import Coordinator, Go
+from towerflow.ps.messages import (PUSH_KINDS, Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead,
+                                   Ticket)
+from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
+from towerflow.ps.tables.table_shards import TableShards
 
 # Elementwise optimizers: the update of each element depends only on that element's history.
 ELEMENTWISE_OPTIMIZERS = ("SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Adadelta", "RMSprop", "NAdam", "RAdam", "ASGD")

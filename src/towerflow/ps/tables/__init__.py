@@ -11,7 +11,13 @@ TF 1.x kept an embedding table as a partitioned variable on the ps tasks and loo
 
 Shard `s` of every table lives on ps task `s`. A `TableSpec` is plain data: the chief sends it
 to the ps tasks, every worker routes ids with it, and a checkpoint keeps it so that a table saved
-with N ps tasks can be put back onto M (`global_ids` undoes `route`).
+with N ps tasks can be put back onto M (`global_ids` undoes `route`). It is defined here, in the
+package itself, because checkpoints pickle it by this path.
+
+The rest of the package is what both sides share about tables: the row stores a ps task holds
+(`table_shards.py` over `rows.py` `FixedRows` and `vocabulary.py` `HashRows`), the row-wise
+optimizers that train them (`row_optimizers.py`), and the growing table's module
+(`hash_embedding.py`). Nothing here imports the worker or the ps side.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ps service's wire API: what a worker calls on a ps task (through `cluster.transport`).
 
 Every function takes the model's name first (one ps process may hold several models) and the
-requests and replies of `messages.py`. A ps process keeps its `ShardService`s in this module's
+requests and replies of `ps/messages.py`. A ps process keeps its `ShardService`s in this module's
 registry; the chief creates them (`create`), and the other workers wait until it has
 initialized them (`wait_ready`) before their first pull. Functions that may wait (a sync pull,
 a finish, a rejoin) are `deferred`: they answer with a future, so no RPC thread blocks.
@@ -18,11 +18,11 @@ import torch
 from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
-from towerflow.ps import linked as _linked
-from towerflow.ps.messages import CreateShards, PushOutcome, PushPull, RowRead
-from towerflow.ps.policies import Ticket
-from towerflow.ps.service import ShardService
-from towerflow.ps.table_shards import TableShards
+from towerflow.ps.messages import CreateShards, PushOutcome, PushPull, RowRead, Ticket
+from towerflow.ps.server import linked as _linked
+from towerflow.ps.server.policies import make_policy
+from towerflow.ps.server.service import ShardService
+from towerflow.ps.tables.table_shards import TableShards
 
 _services: Dict[str, ShardService] = {}
 _ready: Dict[str, List[torch.futures.Future]] = collections.defaultdict(list)
@@ -60,7 +60,7 @@ def create(model: str, request: CreateShards) -> int:
             tables = (TableShards(request.task, request.tables, request.row_optimizer, request.table_values)
                       if request.tables else None)
             _services[model] = ShardService(request.shards, request.values, request.optimizer_cls,
-                                             request.optimizer_settings, request.policy.build(), request.policy.num_workers,
+                                             request.optimizer_settings, make_policy(request.policy), request.policy.num_workers,
                                              tables)
         service = _services[model]
     if request.state is not None:

@@ -24,9 +24,9 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps._id_map import IdMap
-from towerflow.ps.row_optimizers import RowOptimizer, State
-from towerflow.ps.rows import check_ids, check_keys, check_rows, check_state
+from towerflow.ps.tables._id_map import IdMap
+from towerflow.ps.tables.row_optimizers import RowOptimizer, State
+from towerflow.ps.tables.rows import check_ids, check_keys, check_rows, check_state
 
 _MIN_CAPACITY = 64
 TOUCHED = "last_touched"  # the extra per-row tensor `export` adds to the optimizer state
@@ -37,7 +37,7 @@ def _check_new(ids: torch.Tensor, what: str) -> torch.Tensor:
     if ids.numel() > 1 and torch.unique(ids).numel() != ids.numel():  # cheap: new ids only, not the whole call
         raise ParameterServerError(
             f"{what}: an id without a row appears twice in one call ({ids.tolist()[:8]}...): ids must be unique; "
-            "coalesce them first (towerflow.ps.row_optimizers.coalesce sums the gradients of repeated ids)"
+            "coalesce them first (towerflow.ps.tables.row_optimizers.coalesce sums the gradients of repeated ids)"
         )
     return ids
 

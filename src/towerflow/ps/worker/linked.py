@@ -1,12 +1,10 @@
-"""A ps step over a same-host link (`cluster/shm_link.py`) instead of an RPC call.
+"""The worker's side of a ps step over a same-host link (`cluster/shm_link.py`) instead of an RPC call.
 
 A worker and a ps task on one host exchange each step's gradients and values through
 shared tensors: the worker packs its gradients straight into the link's request slot
-(the channel's push buffers are those tensors), the ps task runs the very same
-`ShardService.push_pull` as for an RPC call, with the slot as the gradients, and copies the
-values it would have sent into the reply slot. The ps stays the owner; the modes keep their
-semantics because the same coordinator decides. Dense variables only: a step that carries
-table rows goes over RPC.
+(the channel's push buffers are those tensors) and reads the values from the reply slot;
+the ps side (`server/linked.py`) runs the very same `ShardService.push_pull` as for an RPC
+call. Dense variables only: a step that carries table rows goes over RPC.
 
 When a link is tried (`wanted`): both tasks' addresses in the cluster name the same host and
 TOWERFLOW_PS_LINK is not "rpc". A ps task that cannot open the worker's files (another
@@ -17,9 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Callable, List, Optional
-
-import torch
+from typing import Callable, Optional
 
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import shm_link
@@ -68,39 +64,6 @@ def push_pull(link: shm_link.LinkClient, slot: int, request: PushPull) -> Linked
     """Send the step whose gradients are already in `slot`'s request tensors."""
     link.call(slot, dataclasses.replace(request, grads=()))
     return LinkedStep(link, slot)
-
-
-def _mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
-    """A future of fn(future's value), failing with the very exception `future` fails with (`.then` would wrap
-    it in a plain RuntimeError, and the worker could no longer tell what failed)."""
-    out: torch.futures.Future = torch.futures.Future()
-
-    def done(f: torch.futures.Future) -> None:
-        try:
-            out.set_result(fn(f.value()))
-        except Exception as e:
-            out.set_exception(e)
-
-    future.add_done_callback(done)
-    return out
-
-
-def handler(service_of: Callable[[], object]) -> shm_link.Handler:
-    """The ps side: run `push_pull` of the current service with the slot's gradients, reply with the values copied."""
-
-    def handle(header: PushPull, grads: List[torch.Tensor], reply: List[torch.Tensor]) -> torch.futures.Future:
-        future = service_of().push_pull(dataclasses.replace(header, grads=grads))
-        if future.done():  # answered now (async): reply without a callback chain
-            return _into(future.value(), reply)
-        return _mapped(future, lambda result: _into(result, reply))
-
-    return handle
-
-
-def _into(result: PushPulled, reply: List[torch.Tensor]) -> PushPulled:
-    if reply:
-        torch._foreach_copy_(reply, list(result.pulled.values))
-    return PushPulled(result.outcome, Pulled(result.pulled.ticket, []))
 
 
 def close(link: Optional[shm_link.LinkClient]) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from towerflow.cluster import server as _server
 from towerflow.ps.layout import Layout
-from towerflow.ps.policies import Ticket
+from towerflow.ps.messages import Ticket
 
 
 class Channel:

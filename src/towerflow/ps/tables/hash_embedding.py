@@ -6,7 +6,7 @@ reads the default row, zeros, and learns nothing); a row untouched for `evict_af
 is removed; with `forget_after`, an id unseen for that many global steps before it was admitted
 starts its count over, which bounds what the ps remembers of ids seen too rarely to be admitted.
 The module holds no rows itself: under `ParameterServerStrategy.setup` its calls go through the
-ps like any other table's (`lookups.py`); under a one-process strategy's `setup` the same store
+ps like any other table's (`ps/worker/lookups.py`); under a one-process strategy's `setup` the same store
 is held in the process (`strategies/_hash_tables.py`).
 """
 

@@ -14,9 +14,9 @@ from typing import Callable, Optional
 import torch
 
 from towerflow.errors import ParameterServerError, StrategyError
-from towerflow.ps.client import PSClient
-from towerflow.ps.local_steps import LocalSteps
-from towerflow.ps.recovery import Recovery
+from towerflow.ps.worker.client import PSClient
+from towerflow.ps.worker.local_steps import LocalSteps
+from towerflow.ps.worker.recovery import Recovery
 
 
 class PSOptimizer:

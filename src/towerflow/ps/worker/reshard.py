@@ -15,9 +15,9 @@ import torch
 
 from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import Layout
-from towerflow.ps.row_optimizers import RowOptimizer
-from towerflow.ps.table_shards import make_store
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import RowOptimizer
+from towerflow.ps.tables.table_shards import make_store
 
 
 def saved_num_ps(parts: Mapping[Any, dict]) -> int:

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.row_optimizers import RowOptimizer, State
+from towerflow.ps.tables.row_optimizers import RowOptimizer, State
 
 
 def check_ids(ids: torch.Tensor, what: str) -> torch.Tensor:

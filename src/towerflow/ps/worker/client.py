@@ -1,10 +1,10 @@
 """A worker's link to every ps task of one model: the calls, their waits, and what they bring back.
 
 `PSClient` holds one `Channel` per ps task that has shards of the model, and turns the
-strategy's needs (set the shards up, one training step, finish) into calls of
-`endpoints.py`, all ps tasks at once. It keeps this worker's clock (pushes sent), the global
-step it last read, and the counters `metrics()` reports. A call to a ps task that is gone
-raises `PSLost`; what to do then is `recovery.py`'s job, not this module's.
+strategy's needs (set the shards up, one training step, finish) into calls of the ps's
+endpoints, named by `messages.Endpoints`, all ps tasks at once. It keeps this worker's clock
+(pushes sent), the global step it last read, and the counters `metrics()` reports. A call to a
+ps task that is gone raises `PSLost`; what to do then is `recovery.py`'s job, not this module's.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
-from towerflow.ps import endpoints
-from towerflow.ps import linked
-from towerflow.ps import reshard as _reshard
-from towerflow.ps.channel import Channel
 from towerflow.ps.layout import Layout
-from towerflow.ps.messages import CreateShards, PolicySpec, Pulled, PushPull, PushPulled, Rejoined, RowPush, RowRead
+from towerflow.ps.worker import linked
+from towerflow.ps.worker import reshard as _reshard
+from towerflow.ps.worker.channel import Channel
+from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PolicySpec, Pulled, PushPull, PushPulled,
+                                   Rejoined, RowPush, RowRead)
 from towerflow.ps.tables import TableSpec
 
 
@@ -106,7 +106,7 @@ class PSClient:
             if self.finished:  # (again: it may have died before it said so) a ps restored later learns it
                 self.announce_finished()
         elif not self.is_chief:
-            self.on_all(endpoints.wait_ready)
+            self.on_all(Endpoints.wait_ready)
         self.install(self.pull())
         self._started = time.perf_counter()
         return rejoined
@@ -123,12 +123,12 @@ class PSClient:
         request = CreateShards(ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy,
                                state, tuple(finished), open_now, ch.task, tuple(self.tables.values()), shard_values,
                                self._row_optimizer, tuple(restored_for))
-        return self.call(ch, endpoints.create, request)
+        return self.call(ch, Endpoints.create, request)
 
     def rejoin(self, restarted: bool, wait_open: bool = True, after_restore_of: Optional[str] = None) -> List[Rejoined]:
         """Learn this worker's place at every ps task after a loss (`after_restore_of`: once the chief restored
         them after that ps incarnation came back); the clock goes on from their count."""
-        rejoined = self.on_all(endpoints.rejoin, self.worker, restarted, wait_open, after_restore_of)
+        rejoined = self.on_all(Endpoints.rejoin, self.worker, restarted, wait_open, after_restore_of)
         for ch, r in zip(self.channels, rejoined):  # a checkpoint's ps tasks may have counted one push apart
             ch.pushes = r.pushes
         self.pushes = max((r.pushes for r in rejoined), default=0)
@@ -149,7 +149,7 @@ class PSClient:
         self.server.publish(self.finished_key(self.worker), "1")
 
     # ---- calls
-    def call(self, ch: Channel, fn: Callable, *args: Any):
+    def call(self, ch: Channel, fn: Endpoint, *args: Any):
         """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSLost."""
         with _lost_as_pslost(ch):
             return _transport.call_async(ch.to, fn, args=(self.model_name, *args))
@@ -165,7 +165,7 @@ class PSClient:
         if link is None:
             return
         try:
-            accepted = self.wait(ch, self.call(ch, endpoints.attach_link, self.worker, link.offer))
+            accepted = self.wait(ch, self.call(ch, Endpoints.attach_link, self.worker, link.offer))
             if accepted:
                 link.connect()
                 ch.use_link(link)
@@ -181,7 +181,7 @@ class PSClient:
                 return linked.push_pull(ch.link, slot, request)
             if ch.direct is None:
                 ch.direct = _transport.direct_channel(ch.to)
-            return ch.direct.call(endpoints.push_pull, self.model_name, request)
+            return ch.direct.call(Endpoints.push_pull, self.model_name, request)
 
     def wait(self, ch: Channel, future) -> Any:
         """The call's reply. A ps cut off by the network never fails the call, and a sync or ssp pull also
@@ -192,12 +192,12 @@ class PSClient:
             self.server.wait_watching(future, serving=("ps",))
             return future.wait()
 
-    def on_all(self, fn: Callable, *args: Any) -> List[Any]:
+    def on_all(self, fn: Endpoint, *args: Any) -> List[Any]:
         """fn(model, *args) on every ps task at once; their replies in channel order."""
         calls = [(ch, self.call(ch, fn, *args)) for ch in self.channels]
         return [self.wait(ch, f) for ch, f in calls]
 
-    def on_each(self, fn: Callable, args_of: Callable[[Channel], tuple]) -> List[Any]:
+    def on_each(self, fn: Endpoint, args_of: Callable[[Channel], tuple]) -> List[Any]:
         """fn(model, *args_of(ch)) on every ps task at once; their replies in channel order."""
         calls = [(ch, self.call(ch, fn, *args_of(ch))) for ch in self.channels]
         return [self.wait(ch, f) for ch, f in calls]
@@ -219,7 +219,7 @@ class PSClient:
         """The rows of every table's unique ids, one call per ps task (all in flight at once)."""
         routed = self._by_task(ids_by_table)
         self._last_read = (ids_by_table, routed)  # the push of these rows' gradients routes them alike
-        calls = [(ch, routed[ch.task], self.call(ch, endpoints.read_rows, RowRead(
+        calls = [(ch, routed[ch.task], self.call(ch, Endpoints.read_rows, RowRead(
             self.worker, tuple(n for n, _, _ in routed[ch.task]), tuple(k for _, _, k in routed[ch.task]))))
             for ch in self.channels if routed.get(ch.task)]
         out = {name: torch.empty(ids.numel(), self.tables[name].dim, dtype=self.tables[name].dtype)
@@ -250,7 +250,7 @@ class PSClient:
     # ---- pulls and pushes
     def pull(self) -> List[Any]:
         """Futures of every ps task's values for this worker's next step (its clock at each ps task)."""
-        return [self.call(ch, endpoints.pull, self.worker, ch.pushes) for ch in self.channels]
+        return [self.call(ch, Endpoints.pull, self.worker, ch.pushes) for ch in self.channels]
 
     def install(self, futures: List[Any]) -> None:
         """Wait for pulls (or push-pulls) and copy their values into the model."""
@@ -275,7 +275,7 @@ class PSClient:
         """One training step: one push-pull call per ps task, all in flight at once, carrying its dense
         gradients and its part of the tables' row gradients (`row_grads`: {table: (unique ids, grads)});
         with prefetch, install the previous step's values (these come back while the worker computes).
-        `kind="delta"`: the `.grad` slots hold a local-steps worker's parameter deltas (ps/local_steps.py)."""
+        `kind="delta"`: the `.grad` slots hold a local-steps worker's parameter deltas (`local_steps.py`)."""
         rows = self._row_pushes(row_grads)
         self.open()
         k = self.pushes % 2  # push buffer set k was last used two steps ago, and that call has been waited for
@@ -302,7 +302,7 @@ class PSClient:
         """Chief, first step (or finish): the shards are initialized or restored; let the other workers start."""
         if self.opened or not self.is_chief:
             return
-        self.on_all(endpoints.open_model)
+        self.on_all(Endpoints.open_model)
         self.opened = True
 
     # ---- the end
@@ -310,7 +310,7 @@ class PSClient:
         """Tell every ps task this worker is done, once its pushes have arrived; install what was fetched ahead."""
         self.open()
         # Finish first: a prefetched pull may wait on peers (ssp) that in turn wait on this worker.
-        done = [(ch, self.call(ch, endpoints.finish, self.worker, ch.pushes)) for ch in self.channels]
+        done = [(ch, self.call(ch, Endpoints.finish, self.worker, ch.pushes)) for ch in self.channels]
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self.install(pending)  # its pushes count, and the model ends with the latest values
@@ -323,13 +323,13 @@ class PSClient:
 
     def wait_finished(self) -> int:
         """Wait until every worker has finished; the final global step."""
-        steps = self.on_all(endpoints.wait_finished)
+        steps = self.on_all(Endpoints.wait_finished)
         return steps[0] if steps else self.global_step
 
     # ---- checkpoints and inspection
     def state(self) -> Dict[int, dict]:
         """Every ps task's checkpoint, by task."""
-        return {ch.task: part for ch, part in zip(self.channels, self.on_all(endpoints.state))}
+        return {ch.task: part for ch, part in zip(self.channels, self.on_all(Endpoints.state))}
 
     def load_state(self, parts: Dict[Any, dict]) -> None:
         """Put checkpoints (by task, int or str keys) back on the ps tasks and pull them into the model."""
@@ -339,13 +339,13 @@ class PSClient:
         missing = [ch.task for ch in self.channels if ch.task not in parts and str(ch.task) not in parts]
         if missing:
             raise ParameterServerError(f"the checkpoint has no state for ps tasks {missing}; it was saved with another layout")
-        self.on_each(endpoints.load_state, lambda ch: (parts.get(ch.task, parts.get(str(ch.task))),))
+        self.on_each(Endpoints.load_state, lambda ch: (parts.get(ch.task, parts.get(str(ch.task))),))
         self.install(self.pull())
 
     def values(self) -> Dict[str, torch.Tensor]:
         """The current values on the ps tasks, reassembled per variable."""
         by_shard: Dict[str, torch.Tensor] = {}
-        for part in self.on_all(endpoints.values):
+        for part in self.on_all(Endpoints.values):
             by_shard.update(part)
         return {v: self.layout.assemble(v, [by_shard[s.name] for s in self.layout.shards_of(v)])
                 for v in self.layout.variables}
@@ -353,7 +353,7 @@ class PSClient:
     def table_values(self) -> Dict[str, torch.Tensor]:
         """Every fixed table, put together from its shards on the ps tasks (a test's or a small export's tool:
         it brings the whole table here)."""
-        parts = dict(zip((ch.task for ch in self.channels), self.on_all(endpoints.table_values)))
+        parts = dict(zip((ch.task for ch in self.channels), self.on_all(Endpoints.table_values)))
         out = {}
         for name, spec in self.tables.items():
             if spec.is_hash:
@@ -367,7 +367,7 @@ class PSClient:
 
     def ps_metrics(self) -> Dict[str, dict]:
         """Each ps task's counters, by task name."""
-        return {f"/job:ps/task:{ch.task}": r for ch, r in zip(self.channels, self.on_all(endpoints.metrics))}
+        return {f"/job:ps/task:{ch.task}": r for ch, r in zip(self.channels, self.on_all(Endpoints.metrics))}
 
     def metrics(self) -> dict:
         """This worker's view: steps/s, bytes pushed and pulled per ps task, what became of its pushes, and how it
@@ -375,7 +375,6 @@ class PSClient:
         elapsed = time.perf_counter() - self._started if self._started else 0.0
         ps = lambda counts: {f"/job:ps/task:{t}": n for t, n in sorted(counts.items())}  # noqa: E731
         return {
-            "mode": self.policy.describe(),
             "worker": self.worker,
             "steps": self.pushes,
             "global_step": self.global_step,
