@@ -278,7 +278,9 @@ def run_one(contender: str, args, out_dir: str) -> dict:
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
            "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
     if contender.startswith("ps_hosts"):
-        return _on_hosts(args, out_dir, env, contender)
+        from _ps_hosts import on_hosts
+
+        return on_hosts(os.path.abspath(__file__), args, out_dir, env, contender)
     if contender == "one_process":
         cmd = [sys.executable, os.path.abspath(__file__), "--one-process", "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--out", out_dir]
@@ -291,41 +293,6 @@ def run_one(contender: str, args, out_dir: str) -> dict:
         raise SystemExit(f"{contender} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     if contender == "one_process":
         return json.load(open(os.path.join(out_dir, "one_process.json")))
-    return {"workers": [json.load(open(os.path.join(out_dir, f"{contender}-{w}.json"))) for w in range(2)]}
-
-
-def _on_hosts(args, out_dir: str, env: dict, contender: str) -> dict:
-    """1 ps + 2 workers on three network-namespace hosts (tests/multihost/netns.py), one launcher each;
-    ps_hosts with the wire's default across hosts (encrypted), ps_hosts_auth authenticated only,
-    ps_hosts_before on the tree of --before-src (its remote calls across hosts: torch.distributed.rpc, whose
-    tensors go by CMA between processes of one kernel, namespaces or not), ps_hosts_before_tcp the same with
-    TensorPipe's tensors over its TCP connection, as between two machines (_tensorpipe_over_tcp/)."""
-    sys.path.insert(0, os.path.join(REPO, "tests", "multihost"))
-    from netns import Hosts
-
-    with tempfile.TemporaryDirectory() as work:
-        hosts = Hosts(3, __import__("pathlib").Path(work))
-        try:
-            cluster = {"ps": [f"{hosts[0].name}:7100"], "worker": [f"{hosts[1].name}:7101", f"{hosts[2].name}:7102"]}
-            cluster_file = os.path.join(work, "cluster.json")
-            with open(cluster_file, "w") as f:
-                json.dump(cluster, f)
-            script = [os.path.abspath(__file__), "--in-cluster", "--contender", contender, "--steps", str(args.steps),
-                      "--warmup", str(args.warmup), "--out", out_dir]
-            extra = {"PS_STEP_MODEL": args.model, "TOWERFLOW_CLUSTER_TOKEN": "ps-step-bench"}
-            if contender == "ps_hosts_auth":
-                extra["TOWERFLOW_WIRE_SECURITY"] = "authenticate"
-            if contender == "ps_hosts_before":
-                extra["PYTHONPATH"] = env["PYTHONPATH"]
-            if contender == "ps_hosts_before_tcp":  # no CMA between the namespaces: tensors over TCP
-                extra["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "_tensorpipe_over_tcp"), env["PYTHONPATH"]])
-            procs = [hosts.launch(hosts[0], cluster_file, "ps", 0, script, env=extra)]
-            procs += [hosts.launch(hosts[1 + w], cluster_file, "worker", w, script, env=extra) for w in range(2)]
-            for p in procs:
-                if p.wait(600) != 0:
-                    raise SystemExit(f"ps_hosts failed on {p.host.name}:\n{p.output[-3000:]}")
-        finally:
-            hosts.close()
     return {"workers": [json.load(open(os.path.join(out_dir, f"{contender}-{w}.json"))) for w in range(2)]}
 
 
@@ -370,8 +337,10 @@ def main(argv=None) -> None:
                 r["steps_per_s"] = total_rate(r)
                 r["load_average"] = os.getloadavg()[0]
                 runs[c].append(r)
-                print(f"launch {i + 1}/{args.launches} {c:16s} {r['steps_per_s']:8.1f} steps/s (load {r['load_average']:.1f})",
-                      flush=True)
+                wire = (f", the ps host's wire {r['ps_host_wire_bytes'] / sum(w['steps'] for w in r['workers']) / 1e3:.0f} "
+                        "KB per step") if "ps_host_wire_bytes" in r else ""
+                print(f"launch {i + 1}/{args.launches} {c:16s} {r['steps_per_s']:8.1f} steps/s (load "
+                      f"{r['load_average']:.1f}{wire})", flush=True)
     base = {c: statistics.median(r["steps_per_s"] for r in rs) for c, rs in runs.items()}
     summary = {"machine": f"{os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
                "medians_steps_per_s": base}
