@@ -46,14 +46,15 @@ def test_written_environment_reads_back():
 
 def test_clusters_with_ps_tasks_get_allocator_settings_for_receive_buffers_unless_the_launcher_environment_says():
     no_ps = ClusterSpec({"worker": ["h:2", "h:3"]})
-    tuned = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+    tuned = {"THP_MEM_ALLOC_ENABLE": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_ARENA_MAX": "1",
+             "MALLOC_TRIM_THRESHOLD_": "2147483647"}
     for j, i in [("chief", 0), ("worker", 1), ("ps", 0)]:
         env = env_for(j, i, inherited={})
         assert {k: env.get(k) for k in tuned} == tuned
     assert not set(tuned) & set(task_environment(no_ps, "worker", 0, master_addr="h", master_port=9, inherited={}))
     # set in the launcher's environment (which every task inherits): left alone, so THP_MEM_ALLOC_ENABLE=0 turns it off
     env = env_for("ps", 0, inherited={"THP_MEM_ALLOC_ENABLE": "0"})
-    assert "THP_MEM_ALLOC_ENABLE" not in env and env["MALLOC_MMAP_THRESHOLD_"] == "33554432"
+    assert "THP_MEM_ALLOC_ENABLE" not in env and env["MALLOC_MMAP_MAX_"] == "0"
     # all of them off: the system's allocator as it is
     assert not set(tuned) & set(env_for("ps", 0, inherited={"TOWERFLOW_PS_ALLOCATOR": "system"}))
     with pytest.raises(ClusterSpecError, match="TOWERFLOW_PS_ALLOCATOR='off': expected one of tuned, system"):

@@ -20,9 +20,9 @@ Each task's output is prefixed with its name; if a task fails the rest are stopp
 names the task whose own code failed first (its traceback once, a line for each task that stopped
 because of it; docs/fault-tolerance.md) and exits with that task's code. Every flag has both spellings (`--task-index` and
 `--task_index`) and falls back to an environment variable. Tasks of a cluster with ps tasks get
-THP_MEM_ALLOC_ENABLE=1, MALLOC_MMAP_THRESHOLD_=33554432 and MALLOC_TRIM_THRESHOLD_=268435456
-(allocator settings for the RPC layer's receive buffers, docs/parameter-server.md), each unless
-the environment sets it.
+THP_MEM_ALLOC_ENABLE=1, MALLOC_MMAP_MAX_=0, MALLOC_ARENA_MAX=1 and MALLOC_TRIM_THRESHOLD_=2147483647
+(allocator settings for the messaging layer's receive buffers, docs/parameter-server.md), each
+unless the environment sets it.
 """
 
 from __future__ import annotations

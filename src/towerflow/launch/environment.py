@@ -19,20 +19,22 @@ from towerflow.errors import LaunchError
 from towerflow.taskenv import ENV_ERROR_FILE, ENV_MAX_RESTARTS, ENV_RESTART_COUNT, ENV_RESTARTED_AT  # noqa: F401 (written here)
 
 # What a task of a cluster with ps tasks gets unless the launching environment sets the variable.
-# Every push and pull lands in a buffer the RPC layer allocates fresh. glibc's own rule (a dynamic
-# mmap threshold; big chunks mapped fresh and unmapped on free) hands most of them out as fresh
-# pages, a fault per 4 KB; a fixed 32 MB threshold (glibc's cap) with 256 MB of freed memory kept serves the smaller
-# ones from reused heap memory, and huge pages make the fresh 32 MB+ ones cheap. Measured in
-# docs/benchmarks.md (4 / 16 / 64 MB push+pull: 0.56 / 0.96 / 1.14 -> 0.74 / 1.25 / 1.03 of raw TCP).
-# TOWERFLOW_PS_ALLOCATOR=system leaves the allocator as the system has it (glibc's dynamic threshold
-# cannot be asked for by value).
+# Every push and pull lands in a buffer libzmq allocates fresh with malloc (a 17M-parameter model's
+# is 68 MB). glibc maps a chunk that large fresh from the kernel and unmaps it on free, so every
+# step paid a page fault per 4 KB and the zeroing of every page, twice per worker. With no mmap at
+# all (MALLOC_MMAP_MAX_=0), one arena (libzmq's I/O thread would otherwise allocate in an arena of
+# its own, whose heaps cannot hold such a chunk and map it anyway) and freed memory kept up to 2 GB,
+# the next step's buffer reuses the last one's memory: what strategies/_host_memory.py does for
+# towers. The price: a task keeps its peak heap. Measured in docs/parameter-server.md, "Allocator
+# settings". TOWERFLOW_PS_ALLOCATOR=system leaves the allocator as the system has it.
 ENV_PS_ALLOCATOR = "TOWERFLOW_PS_ALLOCATOR"
 PS_ALLOCATOR_CHOICES = ("tuned", "system")
 ENV_THP_ALLOC = "THP_MEM_ALLOC_ENABLE"  # PyTorch's: CPU tensors of 2 MB and more on transparent huge pages
 PS_ALLOCATOR_ENV = {
     ENV_THP_ALLOC: "1",
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-    "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_TRIM_THRESHOLD_": str((1 << 31) - 1),
 }
 
 
