@@ -78,7 +78,7 @@ def batches(seed: int):
 
 def _usage() -> tuple:
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime, r.ru_nvcsw + r.ru_nivcsw
+    return r.ru_utime + r.ru_stime, r.ru_nvcsw + r.ru_nivcsw, r.ru_maxrss
 
 
 # ---------------------------------------------------------------- ps-side helpers (called by name over RPC)
@@ -113,7 +113,10 @@ def _ps_usage() -> tuple:
 
 def _ps_instrument() -> None:
     """On the ps: time ShardService.push and .pull (what the ps itself does for a step)."""
-    from towerflow.ps.server import service
+    try:
+        from towerflow.ps.server import service
+    except ImportError:  # --before-src: a tree from before the ps package's split by side
+        from towerflow.ps import service
 
     cls = service.ShardService
     if getattr(cls, "_timed", False):
@@ -193,7 +196,10 @@ def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
 
 def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch: bool) -> dict:
     from towerflow.cluster import transport
-    from towerflow.ps.worker import channel
+    try:
+        from towerflow.ps.worker import channel
+    except ImportError:  # --before-src, as above
+        from towerflow.ps import channel
 
     me = _by_name()
     strategy = strategy_cls(mode="async", prefetch=prefetch)
@@ -253,6 +259,7 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
             "ps_cpu (all workers)": ps_u1[0] - ps_u0[0]}.items()}
         out["per_step_switches"] = {"worker": (u1[1] - u0[1]) / steps, "ps (all workers)": (ps_u1[1] - ps_u0[1]) / steps}
         out["ps_calls"] = ps1["calls"] - ps0["calls"]
+        out["peak_rss_mb"] = {"worker": u1[2] / 1024, "ps": ps_u1[2] / 1024}
     strategy.finish()
     return out
 
@@ -339,8 +346,10 @@ def main(argv=None) -> None:
                 runs[c].append(r)
                 wire = (f", the ps host's wire {r['ps_host_wire_bytes'] / sum(w['steps'] for w in r['workers']) / 1e3:.0f} "
                         "KB per step") if "ps_host_wire_bytes" in r else ""
+                rss = r["workers"][0].get("peak_rss_mb")
+                rss = f", peak RSS worker {rss['worker']:.0f} MB, ps {rss['ps']:.0f} MB" if rss else ""
                 print(f"launch {i + 1}/{args.launches} {c:16s} {r['steps_per_s']:8.1f} steps/s (load "
-                      f"{r['load_average']:.1f}{wire})", flush=True)
+                      f"{r['load_average']:.1f}{wire}{rss})", flush=True)
     base = {c: statistics.median(r["steps_per_s"] for r in rs) for c, rs in runs.items()}
     summary = {"machine": f"{os.cpu_count()} cores, torch {torch.__version__}", "model": args.model,
                "medians_steps_per_s": base}
