@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from towerflow import ClusterSpec, ClusterSpecError
-from towerflow.cluster.spec import parse_flags
+from towerflow.cluster.spec import parse_flags, split_address
 
 CLUSTER = {"ps": ["localhost:2222"], "worker": ["localhost:2223", "localhost:2224"]}
 
@@ -120,6 +120,37 @@ def test_from_torchrun_is_worker_only():
 def test_bad_specs_name_the_bad_entry(cluster, message):
     with pytest.raises(ClusterSpecError, match=message):
         ClusterSpec(cluster)
+
+
+def test_port_0_is_any_free_port_in_a_cluster_of_one_task():
+    assert ClusterSpec({"worker": ["localhost:0"]}).as_dict() == {"worker": ["localhost:0"]}
+    assert ClusterSpec({"ps": [], "worker": ["10.0.0.1:0"]}).task_address("worker", 0) == "10.0.0.1:0"
+    assert ClusterSpec.from_tf_config('{"cluster": {"worker": ["localhost:0"]}}').num_tasks("worker") == 1
+
+
+@pytest.mark.parametrize(
+    "cluster, named",
+    [
+        ({"worker": ["localhost:0", "localhost:2223"]}, "/job:worker/task:0 ('localhost:0')"),
+        # two port-0 entries are not a duplicate address: the refusal names both
+        ({"ps": ["localhost:0"], "worker": ["h:0"]}, "/job:worker/task:0 ('h:0'), /job:ps/task:0 ('localhost:0')"),
+        ({"worker": {0: "h:1", 3: "h:0"}}, "/job:worker/task:3 ('h:0')"),
+    ],
+)
+def test_port_0_in_a_cluster_of_several_tasks_is_refused_with_why_and_the_fix(cluster, named):
+    with pytest.raises(ClusterSpecError) as e:
+        ClusterSpec(cluster)
+    text = str(e.value)
+    assert text.startswith(f"port 0 in {named}: port 0 means 'any free port', which only a cluster of one task can use")
+    assert "This cluster has 2 tasks, and each finds the others at the addresses in the spec" in text
+    assert "Give each task a fixed port" in text and "towerflow launch --ps N --workers M" in text
+
+
+def test_an_address_that_is_dialed_refuses_port_0():
+    with pytest.raises(ClusterSpecError, match=r"bad port '0' in address 'localhost:0' \(the store\): expected an "
+                                               r"integer in 1..65535 \(port 0, any free port, is only for a task's own entry"):
+        split_address("localhost:0", "the store")
+    assert split_address("localhost:0", any_port=True) == ("localhost", 0)
 
 
 def test_unknown_job_and_index_out_of_range():

@@ -24,6 +24,9 @@ CANONICAL = [
     ("xla_cpu:0", "/device:XLA_CPU:0"),
     ("/task:2/job:worker", "/job:worker/task:2"),
     ("/job:localhost/replica:0/task:0/cpu:0", "/job:localhost/replica:0/task:0/device:CPU:0"),
+    ("/device:MyFunnyDevice:2", "/device:MyFunnyDevice:2"),
+    ("/job:worker/task:1/device:my_dev_2:*", "/job:worker/task:1/device:my_dev_2:*"),
+    ("/device:*:1", "/device:*:1"),
     ("", ""),
 ]
 
@@ -51,7 +54,9 @@ def test_fields_are_exposed_like_tf():
         ("/job:ps/job:worker", "job given twice"),
         ("/gpu:0/cpu:1", "device_type given twice"),
         ("/job:9ps", "bad job name '9ps'"),
-        ("/device:FPGA:0", "unknown device type 'FPGA'"),
+        ("/FPGA:0", "a plug-in device type is written in full: '/device:FPGA:<n>'"),
+        ("/device:My-Dev:0", "bad device type 'My-Dev'"),
+        ("/device:9x:0", "bad device type '9x'"),
         ("/foo", "cannot parse 'foo'"),
     ],
 )
@@ -90,9 +95,20 @@ def test_parse_accepts_torch_devices_and_specs():
 def test_constructor_validates():
     with pytest.raises(DeviceSpecError):
         DeviceSpec(task=-1)
-    with pytest.raises(DeviceSpecError):
-        DeviceSpec(device_type="quantum")
+    with pytest.raises(DeviceSpecError, match="bad device type 'quantum-1'"):
+        DeviceSpec(device_type="quantum-1")
     assert DeviceSpec(device_type="cuda", device_index=0).device_type == "GPU"
+    assert DeviceSpec(device_type="quantum", device_index=0).to_string() == "/device:quantum:0"
+
+
+def test_plug_in_types_parse_as_written_and_known_types_are_canonical():
+    # TF parses any device type in the long form and keeps its spelling; only its own types are canonicalised.
+    spec = DeviceSpec.from_string("/job:worker/replica:0/task:1/device:MyFunnyDevice:2")
+    assert (spec.job, spec.task, spec.device_type, spec.device_index) == ("worker", 1, "MyFunnyDevice", 2)
+    assert DeviceSpec.from_string("/device:myfunnydevice:2") != spec.replace(job=None, replica=None, task=None)
+    assert DeviceSpec.from_string("/device:gpu:0").device_type == "GPU"
+    assert DeviceSpec.from_string("/job:ps").merge("/device:MyFunnyDevice:0").to_string() == "/job:ps/device:MyFunnyDevice:0"
+    assert DeviceSpec.parse(torch.device("meta")).to_string() == "/device:meta:*"  # torch's own types too
 
 
 def test_specs_are_hashable_and_picklable():

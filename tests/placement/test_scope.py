@@ -115,6 +115,33 @@ def test_absent_device_with_soft_placement_runs_on_the_cpu_and_says_why():
     assert towerflow.placement_log().summary().fallbacks == 2
 
 
+def test_a_plug_in_type_this_machine_lacks_is_refused_naming_the_types_it_has(fake_gpu):
+    with pytest.raises(PlacementError) as info:
+        with towerflow.device("/device:MyFunnyDevice:0"):
+            torch.ones(2)
+    err = info.value
+    assert err.requested == "/device:MyFunnyDevice:0" and err.available == ("/device:CPU:0", "/device:GPU:0")
+    assert ("this task has no /device:MyFunnyDevice:0: it has no device of type 'MyFunnyDevice' (device types: CPU, "
+            "GPU; devices: /device:CPU:0, /device:GPU:0)") in str(err)
+    assert "allow_soft_placement=True" in str(err)
+
+
+def test_a_mistyped_device_type_is_refused_with_the_type_it_resembles(fake_gpu):
+    with pytest.raises(PlacementError, match="no device of type 'GPX'.* Did you mean 'GPU'"):
+        with towerflow.device("/device:GPX:0"):
+            torch.ones(2)
+
+
+def test_a_plug_in_type_under_soft_placement_runs_on_the_cpu_and_says_why():
+    towerflow.configure(allow_soft_placement=True, log_device_placement="summary")
+    with towerflow.device("/job:localhost/device:MyFunnyDevice:2"):
+        t = torch.ones(2)
+    assert t.device.type == "cpu"
+    record = towerflow.placement_log().records[-1]
+    assert record.device.endswith("/device:CPU:0") and record.requested == "/device:MyFunnyDevice:2"
+    assert "no device of type 'MyFunnyDevice' (device types: CPU" in record.fallback
+
+
 def test_scope_naming_another_task_is_refused_with_the_fix():
     with pytest.raises(PlacementError, match="towerflow.function"):
         with towerflow.device("/job:ps/task:0"):

@@ -88,7 +88,7 @@ def _warn_without_token(cluster) -> None:
     from towerflow.launch.environment import has_token
     from towerflow.taskenv import ENV_CLUSTER_TOKEN, ENV_CLUSTER_TOKEN_FILE
 
-    hosts = {canonical_host(split_address(a)[0]) for a in cluster.addresses()}
+    hosts = {canonical_host(split_address(a, any_port=True)[0]) for a in cluster.addresses()}
     if len(hosts) > 1 and not has_token():  # one host (srun -n 3 on one node) is not reachable by "other hosts" here
         print(
             f"towerflow launch: warning: no cluster token ({ENV_CLUSTER_TOKEN} or {ENV_CLUSTER_TOKEN_FILE}) for a cluster "

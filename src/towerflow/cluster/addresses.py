@@ -89,7 +89,7 @@ def _remote_hosts(cluster: ClusterSpec, local: Mapping[str, str]) -> List[str]:
     """IP addresses of the cluster's hosts that are not this machine, in spec order."""
     out = []
     for t in cluster.tasks():
-        host, _ = split_address(cluster.task_address(t.job, t.task))
+        host, _ = split_address(cluster.task_address(t.job, t.task), any_port=True)
         ips = resolve(host, f"/job:{t.job}/task:{t.task}")
         if not any(ip in local or _is_loopback(ip) for ip in ips):
             out.append(ips[0])
@@ -113,7 +113,7 @@ def binding_for(cluster: ClusterSpec, job: str, index: int, local: Optional[Mapp
     local = local_addresses() if local is None else local
     entry = cluster.task_address(job, index)
     name = f"/job:{job}/task:{index}"
-    host, port = split_address(entry, name)
+    host, port = split_address(entry, name, any_port=True)  # port 0: the task binds any free port
     ips = resolve(host, name)
     remote = _remote_hosts(cluster, local)
     owned = [ip for ip in ips if ip in local and not _is_loopback(ip)]

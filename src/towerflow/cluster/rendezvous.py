@@ -114,6 +114,7 @@ class Rendezvous:
         self.store = None
         self.nonce: Optional[str] = None
         self.hosts_store = False  # this task serves the store: it must outlive everyone's leave
+        self.port = binding.port if binding is not None else None  # held port: the system's pick for port 0
         self._sock: Optional[socket.socket] = None  # holds this task's address while another hosts the store
 
     def key(self, kind: str, job: Optional[str] = None, index: Optional[int] = None) -> str:
@@ -147,11 +148,12 @@ class Rendezvous:
             sock = _transport.listen(self.binding.host, self.binding.port)
         except OSError as e:
             raise self._bind_error(e, port_taken_by=None) from None
+        self.port = sock.getsockname()[1]
         self.store, self.nonce = serve_store(sock, self.cluster, self.token, self.name, self.join_timeout)
         self.hosts_store = True
 
     def _bind_error(self, e: OSError, port_taken_by: Optional[dict]) -> ClusterJoinError:
-        host, port = split_address(self.address)
+        host, port = split_address(self.address, any_port=True)
         if e.errno == errno.EADDRINUSE:
             if port_taken_by:
                 return _slot_taken(self.name, port_taken_by)
@@ -173,6 +175,7 @@ class Rendezvous:
         if self.binding is not None:  # None: a torchrun-named rank, whose entry is not its own address
             try:
                 self._sock = _transport.listen(self.binding.host, self.binding.port)
+                self.port = self._sock.getsockname()[1]
             except OSError as e:
                 bind_error = e
         if self.store_address is not None:

@@ -12,7 +12,7 @@ and the membership get the values as arguments.
 
 from __future__ import annotations
 
-import socket
+import dataclasses
 import sys
 import threading
 import time
@@ -105,7 +105,8 @@ class Server:
 
     @property
     def target(self) -> str:
-        """Where this task listens, as TF's `server.target` ('grpc://...') but with towerflow's scheme."""
+        """Where this task listens, as TF's `server.target` ('grpc://...') but with towerflow's scheme;
+        for an entry with port 0, the port the started server got."""
         return f"towerflow://{self.address}"
 
     @property
@@ -133,11 +134,9 @@ class Server:
 
     @classmethod
     def create_local_server(cls, **kwargs) -> "Server":
-        """TF's `tf.train.Server.create_local_server()`: a one-task cluster on a free loopback port."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        return cls({"localhost": [f"localhost:{port}"]}, "localhost", 0, **kwargs)
+        """TF's `tf.train.Server.create_local_server()`: a one-task cluster at 'localhost:0', so the server
+        binds a free port itself (`address` shows it once started) and no other process can take it first."""
+        return cls({"localhost": ["localhost:0"]}, "localhost", 0, **kwargs)
 
     @staticmethod
     def local_name() -> str:
@@ -166,6 +165,7 @@ class Server:
         rv = self.rendezvous
         try:
             rv.meet(deadline, host=self.is_coordinator and rv.store_address is None)
+            self._take_bound_port()
             self.replaced = self.membership.join_calls(self._serving_host(), self.wire_security, self.heartbeat_timeout)
             rv.wait_for_all("up", deadline, "tasks connected")
         except BaseException:
@@ -178,6 +178,15 @@ class Server:
             say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as {me}, in place of "
                 f"{', '.join(self.replaced) or 'none'}")
         return self
+
+    def _take_bound_port(self) -> None:
+        """Port 0 in this task's entry: the port the system gave it becomes its address, as TF's
+        `server.target` shows the bound port (the cluster spec keeps the entry as written)."""
+        if self.binding is None or self.binding.port != 0:
+            return
+        host = split_address(self.address, any_port=True)[0]
+        self.address = f"[{host}]:{self.rendezvous.port}" if ":" in host else f"{host}:{self.rendezvous.port}"
+        self.binding = dataclasses.replace(self.binding, port=self.rendezvous.port)
 
     def _default_wire_security(self) -> str:
         """Encrypted as soon as the cluster spans more than this machine's loopback; authenticated on it."""

@@ -25,17 +25,43 @@ _LOCAL_NAMES = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::1": "127.0.
 ClusterLike = Union["ClusterSpec", Mapping[str, Union[Sequence[str], Mapping[int, str]]]]
 
 
-def split_address(address: str, where: str = "") -> Tuple[str, int]:
-    """'host:port' -> (host, port); the error names the address and where it came from."""
+def split_address(address: str, where: str = "", any_port: bool = False) -> Tuple[str, int]:
+    """'host:port' -> (host, port); the error names the address and where it came from.
+
+    `any_port` accepts port 0, "any free port": a task's entry in a cluster spec may say that (see
+    `ClusterSpec`); an address something connects to (a store, a rendezvous) may not.
+    """
     at = f" ({where})" if where else ""
     if not isinstance(address, str) or ":" not in address:
         raise ClusterSpecError(f"bad address {address!r}{at}: expected 'host:port', e.g. 'localhost:2222'")
     host, _, port = address.rpartition(":")
     if not host:
         raise ClusterSpecError(f"bad address {address!r}{at}: the host is empty; expected 'host:port'")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ClusterSpecError(f"bad port {port!r} in address {address!r}{at}: expected an integer in 1..65535")
+    lowest = 0 if any_port else 1
+    if not port.isdigit() or not lowest <= int(port) <= 65535:
+        zero = " (port 0, any free port, is only for a task's own entry in a cluster spec)" if port == "0" else ""
+        raise ClusterSpecError(f"bad port {port!r} in address {address!r}{at}: expected an integer in {lowest}..65535{zero}")
     return host.strip("[]") if host.startswith("[") else host, int(port)
+
+
+def _check_free_ports(entries: List[Tuple[str, str]]) -> None:
+    """Port 0 ("any free port", as in TF's 'localhost:0') only in a cluster of one task.
+
+    The system tells the port it picked only to the process that bound it, and the tasks of a
+    larger cluster find one another at the addresses in the spec, so theirs must be known before
+    any task starts. TF accepts such a spec and its tasks wait forever for a peer at port 0;
+    towerflow refuses it here, naming the entries.
+    """
+    zero = [(where, address) for where, address in entries if split_address(address, where, any_port=True)[1] == 0]
+    if zero and len(entries) > 1:
+        named = ", ".join(f"{where} ({address!r})" for where, address in zero)
+        raise ClusterSpecError(
+            f"port 0 in {named}: port 0 means 'any free port', which only a cluster of one task can use. This "
+            f"cluster has {len(entries)} tasks, and each finds the others at the addresses in the spec, so every "
+            "port must be known before the tasks start (the port the system picks is known only to the task that "
+            "bound it). Give each task a fixed port, e.g. 'localhost:2222', or let `towerflow launch --ps N "
+            "--workers M SCRIPT` pick free ports for a cluster on this machine."
+        )
 
 
 def canonical_host(host: str) -> str:
@@ -57,6 +83,10 @@ class ClusterSpec:
     As in TensorFlow, `ClusterSpec({})` is an empty (falsy) spec, a job may have no tasks, and a
     job given as `{index: address}` may skip indices (`task_indices`, `task_address` by index);
     only forming a process group (`rank_of`, `replicas`) needs every index 0..n-1.
+
+    Port 0 ('localhost:0') means "any free port", as in TF, in a cluster of one task: its Server
+    binds a free port and reports it (`Server.address`, `Server.target`). A cluster of several
+    tasks with port 0 is refused here, since its tasks could not find each other.
     """
 
     def __init__(self, cluster: ClusterLike):
@@ -74,10 +104,11 @@ class ClusterSpec:
                 )
             jobs[job] = self._task_list(job, tasks)
         self._jobs = {job: jobs[job] for job in _ordered_jobs(jobs)}
+        _check_free_ports([(f"/job:{job}/task:{i}", address) for job, i, address in self._iter()])
         seen: Dict[Tuple[str, int], Tuple[str, str]] = {}
         for job, i, address in self._iter():
             where = f"/job:{job}/task:{i}"
-            host, port = split_address(address, where)
+            host, port = split_address(address, where, any_port=True)
             key = (canonical_host(host), port)
             if key in seen:
                 first, first_address = seen[key]
@@ -228,7 +259,7 @@ class ClusterSpec:
     def threads_per_local_task(self, cores: int) -> int:
         """`cores` split among the tasks whose address is this host (every task runs all of them otherwise:
         three tasks x all cores thrash on a laptop)."""
-        local = [a for a in self.addresses() if canonical_host(split_address(a)[0]) == "127.0.0.1"]
+        local = [a for a in self.addresses() if canonical_host(split_address(a, any_port=True)[0]) == "127.0.0.1"]
         return max(1, cores // max(1, len(local)))
 
     def rank_of(self, job_name: str, task_index: int) -> int:
@@ -272,7 +303,7 @@ class ClusterSpec:
 
 
 def _normal(address: str) -> str:
-    host, port = split_address(address)
+    host, port = split_address(address, any_port=True)
     return f"{canonical_host(host)}:{port}"
 
 

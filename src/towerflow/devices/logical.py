@@ -18,7 +18,7 @@ from towerflow import taskenv as _taskenv
 from towerflow.devices import gpu_memory as _gpu_memory  # noqa: F401  (registers the GPU options before this layer's)
 from towerflow.devices import physical as _physical
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ConfigError
+from towerflow.errors import ConfigError, did_you_mean
 
 def local_task() -> DeviceSpec:
     """This process's place in the cluster (from the task environment), `/job:localhost/replica:0/task:0` outside one."""
@@ -120,6 +120,21 @@ class DeviceTable:
 
     def names(self) -> List[str]:
         return [d.short_name for d in self.devices]
+
+    def types(self) -> List[str]:
+        """The device types of this task, in table order (CPU first)."""
+        return list(dict.fromkeys(d.device_type for d in self.devices))
+
+    def absence(self, device_type: str, index: int) -> str:
+        """Why /device:<type>:<index> is not here, for errors and soft-placement logs: a type this task
+        lacks altogether (a plug-in's, a typo) is named as such, with the types it has."""
+        wanted = f"this task has no /device:{device_type}:{index}"
+        devices = ", ".join(self.names())
+        if device_type in self.types():
+            return f"{wanted} (devices: {devices})"
+        close = did_you_mean(device_type, self.types()).strip()
+        return (f"{wanted}: it has no device of type {device_type!r} (device types: {', '.join(self.types())}; "
+                f"devices: {devices}){' ' + close if close else ''}")
 
 
 def _split(physical: List[_physical.PhysicalDevice], splits: Dict[str, list]) -> List[LogicalDevice]:

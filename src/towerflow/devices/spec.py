@@ -17,7 +17,10 @@ GRAMMAR = (
     "'/job:ps/task:0', '/gpu:1', '/device:CPU:0', 'GPU:0', 'cuda:1', 'cpu'"
 )
 
-# Canonical device types and the spellings that mean them (lower-case keys).
+# The device types towerflow knows, and the spellings that mean them (lower-case keys): these are
+# case-insensitive and may be written short ('/gpu:0'). Any other type is a plug-in's
+# ('/device:MyFunnyDevice:2'): as in TF it parses as written, only in the long form (the short
+# form would swallow typos such as '/gpo:0'), and placement decides whether this machine has it.
 _TYPE_ALIASES = {
     "cpu": "CPU",
     "gpu": "GPU",
@@ -28,6 +31,7 @@ _TYPE_ALIASES = {
     "xla_gpu": "XLA_GPU",
 }
 DEVICE_TYPES = tuple(sorted(set(_TYPE_ALIASES.values())))
+DEVICE_TYPE_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")  # TF's rule for a device type
 
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]*$")
 _FIELDS = ("job", "replica", "task", "device_type", "device_index")
@@ -35,14 +39,25 @@ _FIELDS = ("job", "replica", "task", "device_type", "device_index")
 DeviceLike = Union[str, "DeviceSpec", "torch.device", None]
 
 
-def _canonical_type(text: str, whole: str) -> str:
+def _canonical_type(text: str, whole: str, short_form: bool = False) -> str:
+    """A known type's canonical name ('cuda' -> 'GPU'); a plug-in type as written (not in the short form)."""
     canonical = _TYPE_ALIASES.get(text.lower())
-    if canonical is None:
+    if canonical is not None:
+        return canonical
+    well_formed = bool(DEVICE_TYPE_PATTERN.match(text))
+    if short_form:
+        plug_in = f" A plug-in device type is written in full: '/device:{text}:<n>'." if well_formed else ""
         raise DeviceSpecError(
-            f"unknown device type {text!r} in {whole!r}; expected one of {', '.join(DEVICE_TYPES)} "
-            f"(or torch's 'cuda').{did_you_mean(text.lower(), _TYPE_ALIASES)} Grammar: {GRAMMAR}"
+            f"unknown device type {text!r} in {whole!r}; the short form '/<type>:<n>' takes one of "
+            f"{', '.join(DEVICE_TYPES)} (or torch's 'cuda').{did_you_mean(text.lower(), _TYPE_ALIASES)}{plug_in} "
+            f"Grammar: {GRAMMAR}"
         )
-    return canonical
+    if not well_formed:
+        raise DeviceSpecError(
+            f"bad device type {text!r} in {whole!r}: expected a letter followed by letters, digits or '_' "
+            f"(e.g. GPU, XLA_CPU, or a plug-in's MY_DEVICE). Grammar: {GRAMMAR}"
+        )
+    return text
 
 
 def _index(text: str, what: str, whole: str, allow_star: bool = False) -> Optional[int]:
@@ -102,11 +117,12 @@ class DeviceSpec:
                 put(lowered, _index(rest, lowered, spec), part)
             elif lowered == "device" and rest:
                 dtype, _, idx = rest.partition(":")
-                put("device_type", _canonical_type(dtype, spec), part)
+                if dtype != "*":  # '/device:*:1' (what to_string writes for an index alone): any type
+                    put("device_type", _canonical_type(dtype, spec), part)
                 if idx:
                     put("device_index", _index(idx, "device index", spec, allow_star=True), part)
             elif lowered in _TYPE_ALIASES or (rest and lowered not in ("job", "replica", "task", "device")):
-                put("device_type", _canonical_type(key, spec), part)
+                put("device_type", _canonical_type(key, spec, short_form=True), part)
                 if rest:
                     put("device_index", _index(rest, "device index", spec, allow_star=True), part)
             else:

@@ -159,4 +159,4 @@ def _ps_allocator(env: Mapping[str, str]) -> str:
 
 
 def _host_of(cluster: ClusterSpec, job: str, index: int) -> str:
-    return canonical_host(split_address(cluster.task_address(job, index))[0])
+    return canonical_host(split_address(cluster.task_address(job, index), any_port=True)[0])

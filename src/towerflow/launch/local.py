@@ -161,7 +161,15 @@ def replica_master(cluster: ClusterSpec, master_port: Optional[int] = None) -> t
     machine dials it, its port + 10000 (- 10000 past 65535) unless `master_port` is given."""
     replicas = cluster.replicas()
     first = replicas[0] if replicas else cluster.tasks()[0]
-    host, port = split_address(cluster.task_address(first.job, first.task))
+    entry = cluster.task_address(first.job, first.task)
+    host, port = split_address(entry, any_port=True)
+    if master_port is None and port == 0:
+        raise LaunchError(
+            f"the replicas' process group meets at the first replica's port + {MASTER_PORT_OFFSET}, but "
+            f"/job:{first.job}/task:{first.task} is at {entry!r}: port 0 (any free port) is picked by the task "
+            "only once it runs, so the launcher cannot derive the group's port from it before starting it. Pass "
+            f"--master-port PORT, or give /job:{first.job}/task:{first.task} a fixed port in the cluster file."
+        )
     if master_port is None:
         master_port = port + MASTER_PORT_OFFSET if port + MASTER_PORT_OFFSET <= 65535 else port - MASTER_PORT_OFFSET
     return _addresses.dial_host(cluster, host), master_port

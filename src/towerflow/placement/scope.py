@@ -85,7 +85,7 @@ def resolve(spec: DeviceSpec, op: str) -> Target:
             _logical.mark_split_in_use()
     else:
         wanted = f"/device:{device_type}:{index}"
-        reason = f"this task has no {wanted} (devices: {', '.join(table.names())})"
+        reason = table.absence(device_type, index)
         if not _config.current().allow_soft_placement:
             raise PlacementError(
                 f"cannot place op {op!r} on {wanted}: {reason}. Name an existing device, or let towerflow "

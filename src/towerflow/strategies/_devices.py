@@ -33,7 +33,7 @@ def resolve_device(spec) -> Tuple[torch.device, str]:
     if device_type == "CPU":
         return torch.device("cpu"), f"{_logical.local_task().to_string()}/device:CPU:{index}"
     raise StrategyError(
-        f"device={spec!r}: this task has no /device:{device_type}:{index}; its devices are {table.names()}. "
+        f"device={spec!r}: {table.absence(device_type, index)}. "
         "Name one of them, or check CUDA_VISIBLE_DEVICES / towerflow.configure(visible_devices=...)."
     )
 

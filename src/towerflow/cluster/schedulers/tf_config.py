@@ -47,7 +47,7 @@ def from_tf_config(resolver: SchedulerResolver, env: Mapping[str, str], roles: R
     if job == "evaluator" and job not in jobs:  # TF: the evaluator is not part of the training cluster
         jobs[job] = 1
     else:
-        port = split_address(spec.task_address(job, index))[1]
+        port = split_address(spec.task_address(job, index), any_port=True)[1] or None  # 0: the task picks it
     lr = task.local_rank if task.local_rank is not None else local_rank
     return Resolved(resolver.name, job, index, jobs, spec.as_dict(), resolver.source(env), task.rank, task.world_size,
                     lr, task.local_world_size, gpu_hint(lr), port, None, task.restart_count)
