@@ -7,7 +7,7 @@ PyTorchJob: the Master pod is rank 0, Worker pod i rank i+1; the operator names 
 `<job>-master-0` (MASTER_ADDR) and `<job>-worker-<i>`. With `nprocPerNode` it also sets
 PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR/PORT for torchrun in the pod,
 whose children carry RANK/LOCAL_RANK/... of their own. A task listens at the master port + 1 +
-its local rank on its pod. Where MASTER_ADDR does not end in `-master-0` (or the node count is
+its place on its pod. Where MASTER_ADDR does not end in `-master-0` (or the node count is
 elastic, `PET_NNODES=1:4`) pods of several nodes gather their addresses at the rendezvous.
 """
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import List, Mapping, Optional
 
-from towerflow.cluster.schedulers.base import Ranks, Resolved, Roles, SchedulerResolver, block_addresses, count
+from towerflow.cluster.schedulers.base import (Ranks, Resolved, Roles, SchedulerResolver, block_addresses, count,
+                                               node_slot)
 from towerflow.cluster.schedulers.tf_config import from_tf_config
 from towerflow.cluster.schedulers.torchrun import master, torch_ranks
 from towerflow.errors import SchedulerError
@@ -42,11 +43,10 @@ class KubernetesResolver(SchedulerResolver):
         nodes = ranks.world_size // ranks.local_world_size
         hosts = _pod_hosts(addr, nodes)
         restarts = count(env, "TORCHELASTIC_RESTART_COUNT", "how many times torchrun restarted the workers") or 0
-        base, own = port + 1, port + 1 + ranks.local_rank
         if hosts is None or elastic:
-            return self.from_ranks(env, roles, ranks, None, own, f"{addr}:{port}", restarts)
-        addresses = block_addresses(hosts, [ranks.local_world_size] * nodes, base)
-        return self.from_ranks(env, roles, ranks, addresses, own, restart_count=restarts)
+            return self.from_ranks(env, roles, ranks, None, port + 1 + node_slot(ranks), f"{addr}:{port}", restarts)
+        addresses = block_addresses(hosts, [ranks.local_world_size] * nodes, port + 1)
+        return self.from_ranks(env, roles, ranks, addresses, restart_count=restarts)
 
     @staticmethod
     def _ranks(env: Mapping[str, str], elastic: bool) -> Ranks:
