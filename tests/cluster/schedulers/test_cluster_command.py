@@ -13,6 +13,8 @@ from towerflow.cli import main
 
 SLURM = {"SLURM_JOB_ID": "1250000", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
          "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+GOLDEN_ALL = json.loads((pathlib.Path(__file__).parent / "golden.json").read_text())
+GOLDEN = [c for c in GOLDEN_ALL if "error" not in c and c.get("expect")]
 
 
 @pytest.fixture
@@ -66,14 +68,11 @@ def test_a_bad_ps_count_is_an_argument_error(environ):
     assert exit_.value.code == 2
 
 
-GOLDEN = [c for c in json.loads((pathlib.Path(__file__).parent / "golden.json").read_text())
-          if "error" not in c and c.get("expect")]
-
-
 @pytest.mark.parametrize("case", GOLDEN, ids=[c["name"] for c in GOLDEN])
-def test_the_command_prints_what_each_recorded_environment_resolves_to(environ, capsys, case):
+def test_the_command_prints_what_each_recorded_environment_resolves_to(environ, capsys, machine_of, case):
     """`towerflow cluster --json` in every recorded pod / slot environment (Kubernetes TFJob and PyTorchJob,
     torchrun restarts, Slurm, MPI): the JSON the golden table expects, from the command itself."""
+    machine_of(case)
     environ(**case["env"])
     argv = ["cluster", "--json"] + (["--scheduler", case["scheduler"]] if case.get("scheduler") else [])
     assert main(argv) == 0

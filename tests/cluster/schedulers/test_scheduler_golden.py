@@ -1,8 +1,8 @@
 """Recorded scheduler environments (golden.json) and what each must resolve to, or the error it must raise.
 
 Each case: "env" (what the scheduler set), "source" (where that environment comes from: a recording, or
-the scheduler's source that writes it), and "expect" (keys of `towerflow cluster --json`) or "error"
-(part of the message).
+the scheduler's source that writes it), "machine" (the CPUs and CUDA GPUs that torchrun's `auto` counts
+there), and "expect" (keys of `towerflow cluster --json`) or "error" (part of the message).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def test_there_are_enough_recorded_environments():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_a_recorded_environment_resolves_as_recorded(case):
+def test_a_recorded_environment_resolves_as_recorded(case, machine_of):
+    machine_of(case)
     env = taskenv.scheduler_variables(case["env"])  # what TaskEnv captures is all a resolver gets
     if "error" in case:
         with pytest.raises(SchedulerError) as caught:

@@ -4,10 +4,11 @@ TFJob: TF_CONFIG as the training operator writes it ("environment": "cloud", tas
 `<job>-<type>-<i>.<namespace>.svc:<port>`; the evaluator is not in the cluster). One process per pod.
 
 PyTorchJob: the Master pod is rank 0, Worker pod i rank i+1; the operator names them
-`<job>-master-0` (MASTER_ADDR) and `<job>-worker-<i>`. With `nprocPerNode` it also sets
-PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR/PORT for torchrun in the pod,
-whose children carry RANK/LOCAL_RANK/... of their own. A task listens at the master port + 1 +
-its place on its pod. Where MASTER_ADDR does not end in `-master-0` (or the node count is
+`<job>-master-0` (MASTER_ADDR) and `<job>-worker-<i>`. It also sets PET_NPROC_PER_NODE (the job's
+`nprocPerNode`, `auto` unless it says otherwise), PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR/PORT
+for torchrun in the pod, whose children carry RANK/LOCAL_RANK/... of their own. The pod's own
+process is the first of the processes torchrun would start there (`nproc.py` counts them as
+torchrun does). A task listens at the master port + 1 + its place on its pod. Where MASTER_ADDR does not end in `-master-0` (or the node count is
 elastic, `PET_NNODES=1:4`) pods of several nodes gather their addresses at the rendezvous.
 """
 
@@ -17,6 +18,7 @@ from typing import List, Mapping, Optional
 
 from towerflow.cluster.schedulers.base import (Ranks, Resolved, Roles, SchedulerResolver, block_addresses, count,
                                                node_slot)
+from towerflow.cluster.schedulers.nproc import nproc_per_node
 from towerflow.cluster.schedulers.tf_config import from_tf_config
 from towerflow.cluster.schedulers.torchrun import master, torch_ranks
 from towerflow.errors import SchedulerError
@@ -55,8 +57,8 @@ class KubernetesResolver(SchedulerResolver):
         elif elastic:
             raise SchedulerError(f"PET_NNODES={env['PET_NNODES']!r}: an elastic PyTorchJob's ranks are given by "
                                  "torchrun's rendezvous; resolve from the processes torchrun starts in the pod")
-        else:  # the pod's own process: the first task of its node
-            nproc = count(env, "PET_NPROC_PER_NODE", "the processes per pod (nprocPerNode), a number", minimum=1) or 1
+        else:  # the pod's own process: the first of the processes torchrun would start in this pod
+            nproc = nproc_per_node(env, "PET_NPROC_PER_NODE", "the PyTorchJob's nprocPerNode") or 1
             node = count(env, "PET_NODE_RANK", "this pod's index") if "PET_NODE_RANK" in env else count(
                 env, "RANK", "this pod's rank", required=True, fix=_FIX)
             nodes = count(env, "PET_NNODES", "the number of pods", minimum=1) or count(
