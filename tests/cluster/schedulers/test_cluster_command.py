@@ -62,6 +62,18 @@ def test_bad_input_is_named_and_exits_2(environ, capsys, argv, env, message):
     assert message in capsys.readouterr().err
 
 
+def test_an_elastic_worker_only_pytorchjob_pod_is_refused_with_the_true_reason_and_the_fix(environ, capsys):
+    """The operator sets no MASTER_ADDR there (the job has no Master replica): towerflow says so, and what to run."""
+    case = next(c for c in GOLDEN_ALL if c["name"].startswith("pytorchjob elastic without a Master replica: the pod"))
+    environ(**case["env"])
+    assert main(["cluster", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "PET_RDZV_ENDPOINT='el-worker-0:23456', PET_NNODES='1:4'" in err
+    assert "MASTER_ADDR, RANK and WORLD_SIZE only in the pods of a job with a Master replica" in err
+    assert "`torchrun -m towerflow launch train.py`" in err and "add a Master replica" in err
+    assert "in every PyTorchJob pod" not in err
+
+
 def test_a_bad_ps_count_is_an_argument_error(environ):
     with pytest.raises(SystemExit) as exit_:
         main(["cluster", "--ps", "-1"])
