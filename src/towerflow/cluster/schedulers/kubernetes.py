@@ -11,7 +11,9 @@ otherwise) for torchrun in the pod, whose children carry RANK/LOCAL_RANK/... of 
 own process is the first of the processes torchrun would start there (`nproc.py` counts them as
 torchrun does). A task listens at the master port + 1 + its place on its pod. Where MASTER_ADDR does
 not end in `-master-0` (or the node count is elastic, `PET_NNODES=1:4`) the addresses are gathered
-at the rendezvous.
+at the rendezvous: for torchrun's children the store torchrun serves them (their own MASTER_ADDR /
+MASTER_PORT; with an elastic policy torchrun meets at PET_RDZV_ENDPOINT, and nothing listens at
+PET_MASTER_ADDR), for the pod's own process the master pod.
 
 A job without a Master replica gets no MASTER_ADDR, RANK or WORLD_SIZE; an elastic one gets only
 torchrun's rendezvous (PET_RDZV_ENDPOINT, PET_NNODES=min:max): there only torchrun's children have ranks.
@@ -59,7 +61,8 @@ class KubernetesResolver(SchedulerResolver):
         nodes = ranks.world_size // ranks.local_world_size
         hosts = _pod_hosts(addr, nodes)
         restarts = count(env, "TORCHELASTIC_RESTART_COUNT", "how many times torchrun restarted the workers") or 0
-        if hosts is None or elastic:
+        if hosts is None or elastic:  # torchrun's children meet at its own store (its MASTER_*), not the master pod
+            addr, port = master(env, "", "torchrun sets it in the pod") if child else (addr, port)
             return self.from_ranks(env, roles, ranks, None, port + 1 + node_slot(ranks), f"{addr}:{port}", restarts)
         addresses = block_addresses(hosts, [ranks.local_world_size] * nodes, port + 1)
         return self.from_ranks(env, roles, ranks, addresses, restart_count=restarts)
