@@ -66,9 +66,11 @@ def test_flags_win_over_the_environment():
     assert (info.cluster.as_dict(), info.name, info.source) == ({"worker": ["h:5", "h:6"]}, "/job:worker/task:1", "flags")
 
 
-def test_torchrun_variables():
+def test_the_bare_env_variables_are_read_by_the_schedulers_resolver():
+    """RANK/WORLD_SIZE/MASTER_* without torchrun's marks: the `env` resolver, which `towerflow cluster` reads too."""
     info = read_task(argv=[], env={"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
-    assert (info.name, info.source, info.cluster.num_tasks("worker")) == ("/job:worker/task:1", "torchrun", 2)
+    assert (info.name, info.source, info.cluster.as_dict()) == (
+        "/job:worker/task:1", "env", {"worker": ["127.0.0.1:29501", "127.0.0.1:29502"]})
 
 
 @pytest.mark.parametrize(

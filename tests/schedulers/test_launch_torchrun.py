@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from torch.distributed.run import get_args_parser
 
 from _slots import SLOT_TASK, cluster_jsons, free_master_port, kill_tree, slots, task_env
 
@@ -49,3 +50,13 @@ def test_cluster_json_under_torchrun(tmp_path):
     ranks = cluster_jsons(_torchrun(tmp_path, "-m", "towerflow", "cluster", "--json"))
     assert sorted(r["task"]["index"] for r in ranks) == [0, 1] and {r["scheduler"] for r in ranks} == {"torchrun"}
     assert {r["task"]["type"] for r in ranks} == {"worker"} and len({str(r["cluster"]) for r in ranks}) == 1
+
+
+@pytest.mark.skipif(not any("--virtual-local-rank" in a.option_strings for a in get_args_parser()._actions),
+                    reason="this torchrun has no --virtual-local-rank")
+def test_cluster_json_under_virtual_local_rank_binds_each_rank_to_its_own_entry(tmp_path):
+    """Every worker has LOCAL_RANK=0 there: each rank's port is still its own cluster entry's, so they differ."""
+    ranks = cluster_jsons(_torchrun(tmp_path, "--virtual-local-rank", "-m", "towerflow", "cluster", "--json"))
+    assert [r["local_rank"] for r in ranks] == [0, 0] and [r["device"] for r in ranks] == ["gpu:0", "gpu:0"]
+    assert [r["port"] for r in ranks] == [int(r["address"].rsplit(":", 1)[1]) for r in ranks]
+    assert ranks[0]["port"] != ranks[1]["port"]

@@ -58,8 +58,8 @@ def register(sub) -> None:
     local.add_argument("--devices", default=_env("TOWERFLOW_LAUNCH_DEVICES"), metavar="LIST", help="one worker per device, e.g. gpu:0,gpu:1 (sets TOWERFLOW_DEVICE)")
     local.add_argument("--evaluator", action="store_true", help="under a scheduler: one rank is the evaluator")
     local.add_argument("--scheduler", default=None, metavar="NAME",
-                       help="the scheduler whose slot this is (slurm, mpi, kubernetes, torchrun, tf_config) instead of "
-                            "detecting one; 'none' ignores a scheduler (default: TOWERFLOW_SCHEDULER, else detected)")
+                       help="the scheduler whose slot this is (slurm, mpi, kubernetes, torchrun, env, tf_config) "
+                            "instead of detecting one; 'none' ignores a scheduler (default: TOWERFLOW_SCHEDULER, else detected)")
     local.add_argument("--nproc", type=int, default=_int_env("TOWERFLOW_LAUNCH_NPROC"), metavar="N", help="N workers on the CPU")
     one = p.add_argument_group("one task of a multi-host cluster")
     one.add_argument("--cluster", default=_env("TOWERFLOW_CLUSTER_FILE"), metavar="FILE", help="cluster JSON file ({job: [host:port, ...]} or a TF_CONFIG)")

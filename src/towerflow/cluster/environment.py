@@ -23,7 +23,7 @@ class TaskInfo:
     cluster: ClusterSpec
     job_name: str
     task_index: int
-    source: str  # where it was read from: 'flags', 'TF_CONFIG', 'TOWERFLOW_*', 'torchrun'
+    source: str  # where it was read from: 'flags', 'TF_CONFIG', or a scheduler's name ('torchrun', 'env', ...)
 
     @property
     def name(self) -> str:
@@ -31,10 +31,10 @@ class TaskInfo:
 
 
 def read_task(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None) -> TaskInfo:
-    """Find this task from, in order: the seeds' flags in argv, TF_CONFIG (+ TOWERFLOW_*), a scheduler's
-    variables (cluster/schedulers: Slurm, MPI, Kubernetes, torchrun, with the roles of TOWERFLOW_PS_TASKS /
-    TOWERFLOW_CHIEF / TOWERFLOW_EVALUATOR; addresses gathered at runtime where the scheduler does not say
-    them), and last torchrun's bare RANK/WORLD_SIZE/MASTER_* (set by hand, without torchrun's own marks)."""
+    """Find this task from, in order: the seeds' flags in argv, TF_CONFIG (+ TOWERFLOW_*), and a scheduler's
+    variables (cluster/schedulers: Slurm, MPI, Kubernetes, torchrun, or the bare env:// RANK/WORLD_SIZE/MASTER_*,
+    with the roles of TOWERFLOW_PS_TASKS / TOWERFLOW_CHIEF / TOWERFLOW_EVALUATOR; addresses gathered at
+    runtime where the scheduler does not say them)."""
     spec, job, index = parse_flags(argv) if argv is not None else (None, None, None)
     if spec is not None:
         if job is None or index is None:
@@ -56,11 +56,10 @@ def read_task(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, s
         source = resolved.scheduler if resolved.cluster is not None else f"{resolved.scheduler} (gathered)"
         resolved = _gather.complete(resolved, task.join_timeout, task.scheduler_env)
         return _checked(TaskInfo(ClusterSpec(resolved.cluster), resolved.job_name, resolved.task_index, source))
-    if task.world_size and task.master_addr:
-        return _checked(TaskInfo(ClusterSpec.from_torchrun(task), "worker", task.rank or 0, "torchrun"))
     raise ClusterSpecError(
-        "this process is not part of a cluster: no --ps_hosts/--worker_hosts flags, no TF_CONFIG and no torchrun "
-        "variables. Start it with `towerflow launch`, or pass towerflow.Server(cluster, job_name=..., task_index=...)."
+        "this process is not part of a cluster: no --ps_hosts/--worker_hosts flags, no TF_CONFIG and no scheduler's "
+        "or torchrun's variables. Start it with `towerflow launch`, or pass towerflow.Server(cluster, job_name=..., "
+        "task_index=...)."
     )
 
 

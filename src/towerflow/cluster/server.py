@@ -77,9 +77,10 @@ class Server:
         self.job_name = job_name
         self.task_index = 0 if task_index is None else task_index
         self.address = self.cluster.task_address(self.job_name, self.task_index)  # validates job and index
-        # torchrun names the ranks after MASTER_ADDR (spec.from_torchrun): only rank 0's entry is its own
+        # torchrun and the bare env:// variables name the ranks after MASTER_ADDR (spec.from_torchrun): only
+        # rank 0's entry is surely its own
         self.binding: Optional[_addresses.Binding] = None
-        if source != "torchrun" or self.is_coordinator:
+        if source not in ("torchrun", "env") or self.is_coordinator:
             self.binding = _addresses.binding_for(self.cluster, self.job_name, self.task_index)
         self.token = token or env.cluster_token()
         self.join_timeout = float(join_timeout) if join_timeout is not None else env.join_timeout

@@ -13,6 +13,8 @@ from towerflow.cli import main
 
 SLURM = {"SLURM_JOB_ID": "1250000", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
          "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+GOLDEN_ALL = json.loads((pathlib.Path(__file__).parent / "golden.json").read_text())
+GOLDEN = [c for c in GOLDEN_ALL if "error" not in c and c.get("expect")]
 
 
 @pytest.fixture
@@ -60,20 +62,29 @@ def test_bad_input_is_named_and_exits_2(environ, capsys, argv, env, message):
     assert message in capsys.readouterr().err
 
 
+def test_an_elastic_worker_only_pytorchjob_pod_is_refused_with_the_true_reason_and_the_fix(environ, capsys):
+    """The operator sets no MASTER_ADDR there (the job has no Master replica): towerflow says so, and what to run."""
+    case = next(c for c in GOLDEN_ALL if c["name"].startswith("pytorchjob elastic without a Master replica: the pod"))
+    environ(**case["env"])
+    assert main(["cluster", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "PET_RDZV_ENDPOINT='el-worker-0:23456', PET_NNODES='1:4'" in err
+    assert "MASTER_ADDR, RANK and WORLD_SIZE only in the pods of a job with a Master replica" in err
+    assert "`torchrun -m towerflow launch train.py`" in err and "add a Master replica" in err
+    assert "in every PyTorchJob pod" not in err
+
+
 def test_a_bad_ps_count_is_an_argument_error(environ):
     with pytest.raises(SystemExit) as exit_:
         main(["cluster", "--ps", "-1"])
     assert exit_.value.code == 2
 
 
-GOLDEN = [c for c in json.loads((pathlib.Path(__file__).parent / "golden.json").read_text())
-          if "error" not in c and c.get("expect")]
-
-
 @pytest.mark.parametrize("case", GOLDEN, ids=[c["name"] for c in GOLDEN])
-def test_the_command_prints_what_each_recorded_environment_resolves_to(environ, capsys, case):
+def test_the_command_prints_what_each_recorded_environment_resolves_to(environ, capsys, machine_of, case):
     """`towerflow cluster --json` in every recorded pod / slot environment (Kubernetes TFJob and PyTorchJob,
     torchrun restarts, Slurm, MPI): the JSON the golden table expects, from the command itself."""
+    machine_of(case)
     environ(**case["env"])
     argv = ["cluster", "--json"] + (["--scheduler", case["scheduler"]] if case.get("scheduler") else [])
     assert main(argv) == 0

@@ -33,6 +33,21 @@ def test_hostlists_expand_in_order_with_padding_kept(text, hosts):
 
 
 @pytest.mark.parametrize(
+    "text, hosts",
+    [
+        ("alpha beta gamma", ["alpha", "beta", "gamma"]),  # SLURM_NODELIST set by hand
+        ("alpha\tbeta\n gamma\n", ["alpha", "beta", "gamma"]),  # `scontrol show hostnames` output, one per line
+        ("alpha[1-3],beta", ["alpha1", "alpha2", "alpha3", "beta"]),
+        ("alpha[1-3] beta", ["alpha1", "alpha2", "alpha3", "beta"]),
+        ("n[1-2], login-x  cpu7", ["n1", "n2", "login-x", "cpu7"]),
+        ("node[1, 3]", ["node1", "node3"]),  # whitespace inside brackets is not a separator
+    ],
+)
+def test_whitespace_separates_hosts_as_in_slurms_own_parser(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize(
     "text, counts",
     [("1", [1]), ("4(x2)", [4, 4]), ("3(x2),2,1", [3, 3, 2, 1]), ("2,2(x3)", [2, 2, 2, 2]), ("8(x1)", [8])],
 )
@@ -44,6 +59,7 @@ def test_tasks_per_node_expand(text, counts):
     "call, message",
     [
         (lambda: expand_hostlist(""), "empty Slurm hostlist ''"),
+        (lambda: expand_hostlist(" \t "), "empty Slurm hostlist"),
         (lambda: expand_hostlist("node[01-"), "'[' without ']'"),
         (lambda: expand_hostlist("node01]"), "']' without '['"),
         (lambda: expand_hostlist("n[[1]]"), "nested '['"),

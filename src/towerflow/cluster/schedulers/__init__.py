@@ -10,8 +10,11 @@ Detection order (the first whose `detect` holds wins; `TOWERFLOW_SCHEDULER=NAME`
 4. `mpi`: OMPI_COMM_WORLD_RANK (mpirun inside an sbatch allocation sees SLURM_* too, but its ranks
    are MPI's), or PMI_RANK / PMIX_RANK without SLURM_PROCID.
 5. `slurm`: SLURM_PROCID with SLURM_JOB_ID.
+6. `env`: torch.distributed's env:// variables alone (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), as
+   Ray Train or Azure ML set them; a world of one without MASTER_ADDR/MASTER_PORT is a plain process.
 
-Nothing detected: not distributed (`resolve` returns None).
+Nothing detected: not distributed (`resolve` returns None). `towerflow cluster`, `strategy_from_env()`,
+`read_task` and `towerflow launch` all ask this one registry, so they agree on what a process is.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Dict, Mapping, Optional
 
 from towerflow import taskenv as _te
 from towerflow.cluster.schedulers.base import Ranks, Resolved, Roles, SchedulerResolver
+from towerflow.cluster.schedulers.env import EnvResolver
 from towerflow.cluster.schedulers.kubernetes import KubernetesResolver
 from towerflow.cluster.schedulers.mpi import MPIResolver
 from towerflow.cluster.schedulers.slurm import SlurmResolver
@@ -29,7 +33,8 @@ from towerflow.errors import ClusterSpecError, SchedulerError, did_you_mean
 
 # In detection order.
 RESOLVERS: Dict[str, SchedulerResolver] = {
-    r.name: r for r in (TFConfigResolver(), KubernetesResolver(), TorchrunResolver(), MPIResolver(), SlurmResolver())
+    r.name: r for r in (TFConfigResolver(), KubernetesResolver(), TorchrunResolver(), MPIResolver(), SlurmResolver(),
+                        EnvResolver())
 }
 
 __all__ = ["NO_SCHEDULER", "RESOLVERS", "Ranks", "Resolved", "Roles", "SchedulerResolver", "detect", "resolve",

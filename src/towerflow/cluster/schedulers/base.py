@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from towerflow import taskenv as _te
-from towerflow.cluster.spec import ClusterSpec
+from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.errors import SchedulerError
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -126,8 +126,12 @@ class SchedulerResolver(abc.ABC):
         return {k: env[k] for k in sorted(env) if k in self.reads or any(p.endswith("_") and k.startswith(p) for p in self.reads)}
 
     def from_ranks(self, env: Mapping[str, str], roles: Roles, ranks: "Ranks", addresses: Optional[List[str]],
-                   port: Optional[int], rendezvous: Optional[str] = None, restart_count: int = 0) -> Resolved:
-        """A Resolved for a scheduler that gives ranks: `roles` split them into jobs, in rank order."""
+                   port: Optional[int] = None, rendezvous: Optional[str] = None, restart_count: int = 0) -> Resolved:
+        """A Resolved for a scheduler that gives ranks: `roles` split them into jobs, in rank order.
+
+        With `addresses` (one per rank) this task's port is the one of its own entry, so it binds exactly
+        the address the others were told; `port` is for a cluster gathered at the rendezvous.
+        """
         jobs = roles.split(ranks.world_size)
         job, index = roles.place(ranks.rank, ranks.world_size)
         cluster = None
@@ -137,6 +141,7 @@ class SchedulerResolver(abc.ABC):
                 cluster[name] = addresses[start:start + n]
                 start += n
             ClusterSpec(cluster)  # duplicate or bad addresses fail here, naming the task
+            port = split_address(addresses[ranks.rank])[1]
         return Resolved(
             self.name, job, index, jobs, cluster, self.source(env), ranks.rank, ranks.world_size, ranks.local_rank,
             ranks.local_world_size, gpu_hint(ranks.local_rank), port, rendezvous, restart_count,
@@ -155,6 +160,16 @@ class Ranks:
     def __post_init__(self):
         if self.rank >= self.world_size:
             raise SchedulerError(f"rank {self.rank} with world size {self.world_size}: expected rank < world size")
+
+
+def node_slot(ranks: Ranks) -> int:
+    """This rank's place among its node's ports: RANK modulo LOCAL_WORLD_SIZE, not LOCAL_RANK.
+
+    torchrun gives each node a block of consecutive ranks, so a node's ranks differ modulo its
+    rank count; their LOCAL_RANK may not: under `torchrun --virtual-local-rank` every worker has
+    LOCAL_RANK=0 (each sees its one GPU as device 0).
+    """
+    return ranks.rank % (ranks.local_world_size or 1)
 
 
 def gpu_hint(local_rank: Optional[int]) -> Optional[str]:

@@ -1,7 +1,9 @@
 """Slurm's compressed lists, expanded: hostlists (`node[01-04,07]`) and tasks per node (`3(x2),2,1`).
 
 Pure functions over strings, in Slurm's order (no sorting, no de-duplication), so that the
-n-th host is the node of the n-th block of ranks.
+n-th host is the node of the n-th block of ranks. Hosts are separated by commas or whitespace
+outside brackets, as Slurm's own parser separates them (`hostlist_create`: tab, comma, space), so
+a list set by hand (`alpha beta gamma`, or `scontrol show hostnames` one per line) is several hosts.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ _REPEAT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
 def expand_hostlist(text: str) -> List[str]:
-    """`rack1-node[1-2],login-x` -> ['rack1-node1', 'rack1-node2', 'login-x']; zero padding is kept."""
+    """`rack1-node[1-2],login-x` (or `rack1-node[1-2] login-x`) -> ['rack1-node1', 'rack1-node2', 'login-x'];
+    zero padding is kept."""
     hosts: List[str] = []
     for item in _split_top_level(text.strip(), text):
         hosts.extend(_expand_item(item, text))
     if not hosts:
-        raise SchedulerError(f"empty Slurm hostlist {text!r}: expected e.g. 'node[01-04,07]' or 'a,b,c'")
+        raise SchedulerError(f"empty Slurm hostlist {text!r}: expected e.g. 'node[01-04,07]', 'a,b,c' or 'a b c'")
     return hosts
 
 
@@ -36,7 +39,7 @@ def expand_tasks_per_node(text: str) -> List[int]:
 
 
 def _split_top_level(text: str, whole: str) -> List[str]:
-    """Split on the commas outside brackets."""
+    """Split on the commas and whitespace outside brackets."""
     items, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
@@ -47,7 +50,7 @@ def _split_top_level(text: str, whole: str) -> List[str]:
             depth -= 1
             if depth < 0:
                 raise SchedulerError(f"bad Slurm hostlist {whole!r}: ']' without '['")
-        elif ch == "," and depth == 0:
+        elif (ch == "," or ch.isspace()) and depth == 0:
             items.append(text[start:i])
             start = i + 1
     if depth:

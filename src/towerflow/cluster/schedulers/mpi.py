@@ -40,8 +40,7 @@ class MPIResolver(SchedulerResolver):
         port = count(env, "MASTER_PORT", "the rendezvous port", minimum=1) or DEFAULT_PORT
         if size == 1 or local_size == size:  # one node: every rank on this host
             ranks = Ranks(ranks.rank, size, ranks.rank, size)
-            return self.from_ranks(env, roles, ranks, block_addresses(["127.0.0.1"], [size], port + 1),
-                                   port + 1 + ranks.rank)
+            return self.from_ranks(env, roles, ranks, block_addresses(["127.0.0.1"], [size], port + 1))
         addr = (env.get("MASTER_ADDR") or "").strip()
         if not addr:
             span = "on several nodes" if local_size else f"of {size} ranks, not known to be on one node"

@@ -63,8 +63,7 @@ class SlurmResolver(SchedulerResolver):
                                  f"{PORT_BLOCK} ports per node: run at most {PORT_BLOCK} tasks per node")
         step_id = env.get("SLURM_STEP_ID", "0")
         base = port_base(job_id, int(step_id) if step_id.isdigit() else 0)
-        return self.from_ranks(env, roles, Ranks(rank, ntasks, local, counts[node]),
-                               block_addresses(hosts, counts, base), base + local)
+        return self.from_ranks(env, roles, Ranks(rank, ntasks, local, counts[node]), block_addresses(hosts, counts, base))
 
     @staticmethod
     def _block_place(rank: int, counts) -> tuple:

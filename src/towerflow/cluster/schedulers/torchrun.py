@@ -3,15 +3,17 @@
 torchrun does not say where the other nodes' ranks run. On one node (LOCAL_WORLD_SIZE ==
 WORLD_SIZE) every rank is on MASTER_ADDR and rank r listens at MASTER_PORT + 1 + r (as
 `ClusterSpec.from_torchrun`); across nodes the addresses are gathered at runtime through the
-rendezvous at MASTER_ADDR:MASTER_PORT. A restarted worker group's TORCHELASTIC_RESTART_COUNT
-surfaces as `Resolved.restart_count`.
+rendezvous at MASTER_ADDR:MASTER_PORT, each rank publishing MASTER_PORT + 1 + its place on its
+node (`node_slot`: from RANK, since `--virtual-local-rank` gives every worker LOCAL_RANK=0).
+A restarted worker group's TORCHELASTIC_RESTART_COUNT surfaces as `Resolved.restart_count`.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-from towerflow.cluster.schedulers.base import Ranks, Resolved, Roles, SchedulerResolver, block_addresses, count, text
+from towerflow.cluster.schedulers.base import (Ranks, Resolved, Roles, SchedulerResolver, block_addresses, count, node_slot,
+                                              text)
 
 _FIX = "torchrun sets it for each worker process; start the script with torchrun"
 
@@ -47,5 +49,5 @@ class TorchrunResolver(SchedulerResolver):
         base = port + 1
         if ranks.local_world_size == ranks.world_size:
             return self.from_ranks(env, roles, ranks, block_addresses([addr], [ranks.world_size], base),
-                                   base + ranks.local_rank, restart_count=restarts)
-        return self.from_ranks(env, roles, ranks, None, base + ranks.local_rank, f"{addr}:{port}", restarts)
+                                   restart_count=restarts)
+        return self.from_ranks(env, roles, ranks, None, base + node_slot(ranks), f"{addr}:{port}", restarts)
