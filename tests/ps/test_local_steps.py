@@ -225,14 +225,15 @@ def test_the_task_environment_carries_local_steps_and_refuses_a_bad_value():
 
 
 def test_launch_hands_local_steps_to_every_task_and_wants_ps_tasks(monkeypatch):
-    from towerflow.cli.launch import _ps_mode_environment
+    from towerflow.cli.launch import config_of
     from towerflow.errors import TowerflowError
+    from towerflow.launch.planning import pass_ps_mode
 
     monkeypatch.delenv(taskenv.ENV_PS_LOCAL_STEPS, raising=False)
     monkeypatch.delenv(taskenv.ENV_PS_MODE, raising=False)
-    args = build_parser().parse_args(["launch", "--workers", "2", "--local-steps", "4", "train.py"])
+    args = config_of(build_parser().parse_args(["launch", "--workers", "2", "--local-steps", "4", "train.py"]))
     with pytest.raises(TowerflowError, match=r"--local-steps 4 chooses how parameter servers apply updates; add --ps N"):
-        _ps_mode_environment(args, has_ps=False)
+        pass_ps_mode(args, has_ps=False)
     monkeypatch.setenv(taskenv.ENV_PS_LOCAL_STEPS, "")  # restored after the test, as is what the launch exports
-    _ps_mode_environment(args, has_ps=True)
+    pass_ps_mode(args, has_ps=True)
     assert taskenv.current().ps_local_steps == 4 and taskenv.current().ps_mode is None

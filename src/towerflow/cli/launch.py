@@ -28,8 +28,11 @@ unless the environment sets it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the command line imports what a launch needs only when it runs one
+    from towerflow.launch.config import LaunchConfig
 
 
 def _env(name: str, default=None):
@@ -83,21 +86,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _warn_without_token(cluster) -> None:
-    from towerflow.cluster.spec import canonical_host, split_address
-    from towerflow.launch.environment import has_token
-    from towerflow.taskenv import ENV_CLUSTER_TOKEN, ENV_CLUSTER_TOKEN_FILE
-
-    hosts = {canonical_host(split_address(a, any_port=True)[0]) for a in cluster.addresses()}
-    if len(hosts) > 1 and not has_token():  # one host (srun -n 3 on one node) is not reachable by "other hosts" here
-        print(
-            f"towerflow launch: warning: no cluster token ({ENV_CLUSTER_TOKEN} or {ENV_CLUSTER_TOKEN_FILE}) for a cluster "
-            "on other hosts; any process that reaches these ports can join it and run code. Set the same token on "
-            "every host (docs/cluster.md).",
-            file=sys.stderr,
-        )
-
-
 def _local_steps(text: str) -> int:
     """--local-steps K: a whole number >= 1 (argparse prints the message with the flag's name)."""
     try:
@@ -112,98 +100,28 @@ def _local_steps(text: str) -> int:
     return value
 
 
-def _ps_mode_environment(args, has_ps: bool) -> None:
-    """--mode/--replicas-to-aggregate/--staleness/--local-steps reach the tasks as the variables the ps strategy reads."""
-    from towerflow.errors import TowerflowError
-    from towerflow.launch.environment import export_ps_mode
-
-    if args.replicas_to_aggregate is not None and args.mode != "sync":
-        raise TowerflowError(f"--replicas-to-aggregate {args.replicas_to_aggregate} goes with --mode sync (got --mode {args.mode})")
-    if args.staleness is not None and args.mode != "ssp":
-        raise TowerflowError(f"--staleness {args.staleness} goes with --mode ssp (got --mode {args.mode})")
-    if args.mode is None and args.local_steps is None:
-        return
-    if not args.cluster and not has_ps:
-        flag = f"--mode {args.mode}" if args.mode is not None else f"--local-steps {args.local_steps}"
-        raise TowerflowError(f"{flag} chooses how parameter servers apply updates; add --ps N (N >= 1)")
-    export_ps_mode(args.mode, args.replicas_to_aggregate, args.staleness, args.local_steps)
+def config_of(args) -> LaunchConfig:
+    """The parsed flags as the `LaunchConfig` that planning reads."""
+    from towerflow.launch.config import LaunchConfig
 
 
-def _scheduled_slot(args):
-    """This slot's task when a scheduler started this launcher (its cluster gathered if need be); None: no scheduler."""
-    import dataclasses
-
-    from towerflow import taskenv
-    from towerflow.cluster.gather import complete
-    from towerflow.cluster.schedulers import Roles
-    from towerflow.errors import LaunchError
-    from towerflow.launch.scheduled import resolve_slot
-
-    task = taskenv.current()
-    given = {k: v for k, v in (("ps", args.ps), ("chief", args.chief), ("evaluator", args.evaluator)) if v}
-    resolved = resolve_slot(task.scheduler_env, args.scheduler,
-                            dataclasses.replace(Roles.from_env(task.scheduler_env), **given))
-    if resolved is None:
-        return None
-    extra = [f for f, v in (("--workers", args.workers), ("--nproc", args.nproc), ("--devices", args.devices)) if v is not None]
-    if extra:
-        raise LaunchError(
-            f"{'/'.join(extra)}: under {resolved.scheduler} the scheduler starts the tasks ({resolved.world_size} of "
-            f"them), one per slot, and each replica takes the GPU of its local rank; drop {'/'.join(extra)} and ask the "
-            "scheduler for more tasks (srun -n N, mpirun -n N), or add --scheduler none to run a whole embedded "
-            "cluster in every slot"
-        )
-    return complete(resolved, task.join_timeout, task.scheduler_env)
+    return LaunchConfig(
+        script=args.script, script_args=tuple(args.args), ps=args.ps, workers=args.workers, chief=args.chief,
+        devices=args.devices, nproc=args.nproc, evaluator=args.evaluator, scheduler=args.scheduler,
+        cluster_file=args.cluster, job_name=args.job_name, task_index=args.task_index, master_port=args.master_port,
+        max_restarts=args.max_restarts, logdir=args.logdir, ps_runs_script=args.ps_runs_script, mode=args.mode,
+        replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, local_steps=args.local_steps,
+    )
 
 
 def run(args) -> int:
     from towerflow.errors import TowerflowError
-    from towerflow.launch import Supervisor, plan_local, plan_one
-    from towerflow.launch.local import command_for
+    from towerflow.launch import planning
 
+    config = config_of(args)
     try:
-        argv = command_for(args.script, args.args)  # a missing script fails before the slots meet
-        resolved = None if args.cluster else _scheduled_slot(args)
-        _ps_mode_environment(args, bool(args.ps) or (resolved is not None and "ps" in resolved.jobs))
-        ps_argv = argv if args.ps_runs_script else None
-        logdir = os.path.abspath(args.logdir) if args.logdir else None
-        if resolved is not None:
-            from towerflow.launch.scheduled import plan_scheduled
-
-            plan = plan_scheduled(argv, resolved, logdir=logdir, ps_argv=ps_argv, master_port=args.master_port)
-            _warn_without_token(plan.cluster)
-        elif args.evaluator:
-            raise TowerflowError("--evaluator is a role among a scheduler's ranks (srun, mpirun, ...); the embedded "
-                                 "cluster has none: drop --evaluator")
-        elif args.cluster:
-            if args.job_name is None or args.task_index is None:
-                raise TowerflowError("--cluster needs --job_name and --task_index: which task of it runs here?")
-            if args.ps or args.workers or args.chief or args.devices or args.nproc:
-                raise TowerflowError("--cluster runs one task of a given cluster; drop --ps/--workers/--chief/--devices/--nproc")
-            plan = plan_one(argv, args.cluster, args.job_name, args.task_index, logdir=logdir, master_port=args.master_port,
-                            ps_argv=ps_argv)
-            _warn_without_token(plan.cluster)
-        else:
-            plan = plan_local(
-                argv, ps=args.ps, workers=args.workers, chief=args.chief, devices=args.devices, nproc=args.nproc,
-                logdir=logdir, ps_argv=ps_argv,
-            )
-    except TowerflowError as e:
+        plan = planning.plan_launch(config)
+        return planning.run(config, plan)
+    except TowerflowError as e:  # a launch that cannot run, or a store that could not be hosted
         print(f"towerflow launch: {e}", file=sys.stderr)
         return 2
-    if logdir:
-        os.makedirs(logdir, exist_ok=True)
-    hold = None
-    if plan.store_address:  # held for the whole run: the tasks meet here, and a restarted chief finds them again
-        def hold():
-            from towerflow.cluster.server import host_rendezvous
-
-            return host_rendezvous(plan.cluster, plan.token, plan.store_address)
-
-    try:  # a local cluster's ports stay held until the run ends, so a restarted task finds its port free
-        return Supervisor(plan.tasks, max_restarts=args.max_restarts, restart_scope=plan.restart_scope).run(hold)
-    except TowerflowError as e:  # the store could not be hosted
-        print(f"towerflow launch: {e}", file=sys.stderr)
-        return 2
-    finally:
-        plan.release()

@@ -1,0 +1,115 @@
+"""From a `LaunchConfig` to the processes to run: the one planning function of `towerflow launch`.
+
+Three shapes of launch, checked in this order: a scheduler's slot (srun, mpirun, a pod: this
+process runs its own task of the scheduler's job), one task of a cluster file (`--cluster`), or a
+whole embedded cluster on this machine. `plan_launch` picks one, refuses flags that do not belong
+to it, and returns the `LaunchPlan`; `run` supervises it to the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from towerflow import taskenv
+from towerflow.cluster.gather import complete
+from towerflow.cluster.schedulers import Roles
+from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
+from towerflow.errors import LaunchError, TowerflowError
+from towerflow.launch.config import LaunchConfig
+from towerflow.launch.environment import export_ps_mode, has_token
+from towerflow.launch.local import LaunchPlan, command_for, plan_local, plan_one
+from towerflow.launch.scheduled import plan_scheduled, resolve_slot
+from towerflow.launch.supervisor import Supervisor
+
+
+def plan_launch(config: LaunchConfig) -> LaunchPlan:
+    """The plan for `config`; TowerflowError (the flag, what is wrong, how to fix it) for a launch that cannot run."""
+    argv = command_for(config.script, config.script_args)  # a missing script fails before the slots meet
+    resolved = None if config.cluster_file else _scheduled_slot(config)
+    pass_ps_mode(config, bool(config.ps) or (resolved is not None and "ps" in resolved.jobs))
+    ps_argv = argv if config.ps_runs_script else None
+    logdir = os.path.abspath(config.logdir) if config.logdir else None
+    if resolved is not None:
+        plan = plan_scheduled(argv, resolved, logdir=logdir, ps_argv=ps_argv, master_port=config.master_port)
+        _warn_without_token(plan.cluster)
+        return plan
+    if config.evaluator:
+        raise TowerflowError("--evaluator is a role among a scheduler's ranks (srun, mpirun, ...); the embedded "
+                             "cluster has none: drop --evaluator")
+    if config.cluster_file:
+        if config.job_name is None or config.task_index is None:
+            raise TowerflowError("--cluster needs --job_name and --task_index: which task of it runs here?")
+        if config.ps or config.workers or config.chief or config.devices or config.nproc:
+            raise TowerflowError("--cluster runs one task of a given cluster; drop --ps/--workers/--chief/--devices/--nproc")
+        plan = plan_one(argv, config.cluster_file, config.job_name, config.task_index, logdir=logdir,
+                        master_port=config.master_port, ps_argv=ps_argv)
+        _warn_without_token(plan.cluster)
+        return plan
+    return plan_local(argv, ps=config.ps, workers=config.workers, chief=config.chief, devices=config.devices,
+                      nproc=config.nproc, logdir=logdir, ps_argv=ps_argv)
+
+
+def run(config: LaunchConfig, plan: LaunchPlan) -> int:
+    """Supervise `plan`'s tasks to the end; the exit code of the launch. TowerflowError: the store could not be hosted."""
+    if config.logdir:
+        os.makedirs(config.logdir, exist_ok=True)
+    hold = None
+    if plan.store_address:  # held for the whole run: the tasks meet here, and a restarted chief finds them again
+        def hold():
+            from towerflow.cluster.server import host_rendezvous
+
+            return host_rendezvous(plan.cluster, plan.token, plan.store_address)
+
+    try:  # a local cluster's ports stay held until the run ends, so a restarted task finds its port free
+        return Supervisor(plan.tasks, max_restarts=config.max_restarts, restart_scope=plan.restart_scope).run(hold)
+    finally:
+        plan.release()
+
+
+def pass_ps_mode(config: LaunchConfig, has_ps: bool) -> None:
+    """The update-mode flags, checked (they go together, and only with parameter servers), then handed to every
+    task this launch starts as the TOWERFLOW_PS_* variables the ps strategy reads."""
+    if config.replicas_to_aggregate is not None and config.mode != "sync":
+        raise TowerflowError(f"--replicas-to-aggregate {config.replicas_to_aggregate} goes with --mode sync (got --mode {config.mode})")
+    if config.staleness is not None and config.mode != "ssp":
+        raise TowerflowError(f"--staleness {config.staleness} goes with --mode ssp (got --mode {config.mode})")
+    flag = config.ps_mode_flag()
+    if flag is not None and not config.cluster_file and not has_ps:
+        raise TowerflowError(f"{flag} chooses how parameter servers apply updates; add --ps N (N >= 1)")
+    export_ps_mode(config.mode, config.replicas_to_aggregate, config.staleness, config.local_steps)
+
+
+def _scheduled_slot(config: LaunchConfig):
+    """This slot's task when a scheduler started this launcher (its cluster gathered if need be); None: no scheduler."""
+    task = taskenv.current()
+    given = {k: v for k, v in (("ps", config.ps), ("chief", config.chief), ("evaluator", config.evaluator)) if v}
+    resolved = resolve_slot(task.scheduler_env, config.scheduler,
+                            dataclasses.replace(Roles.from_env(task.scheduler_env), **given))
+    if resolved is None:
+        return None
+    extra = [f for f, v in (("--workers", config.workers), ("--nproc", config.nproc), ("--devices", config.devices))
+             if v is not None]
+    if extra:
+        raise LaunchError(
+            f"{'/'.join(extra)}: under {resolved.scheduler} the scheduler starts the tasks ({resolved.world_size} of "
+            f"them), one per slot, and each replica takes the GPU of its local rank; drop {'/'.join(extra)} and ask the "
+            "scheduler for more tasks (srun -n N, mpirun -n N), or add --scheduler none to run a whole embedded "
+            "cluster in every slot"
+        )
+    return complete(resolved, task.join_timeout, task.scheduler_env)
+
+
+def _warn_without_token(cluster: ClusterSpec) -> None:
+    hosts = {canonical_host(split_address(a, any_port=True)[0]) for a in cluster.addresses()}
+    if len(hosts) > 1 and not has_token():  # one host (srun -n 3 on one node) is not reachable by "other hosts" here
+        print(
+            f"towerflow launch: warning: no cluster token ({taskenv.ENV_CLUSTER_TOKEN} or "
+            f"{taskenv.ENV_CLUSTER_TOKEN_FILE}) for a cluster on other hosts; any process that reaches these ports can "
+            "join it and run code. Set the same token on every host (docs/cluster.md).",
+            file=sys.stderr,
+        )
+
+
+__all__ = ["LaunchConfig", "plan_launch", "run", "pass_ps_mode"]
