@@ -32,13 +32,13 @@ from towerflow.strategies import _host_memory
 from towerflow.strategies import towers as _towers
 from towerflow.strategies.tower_pool import TowerPool, default_threads_per_tower
 from towerflow.strategies._devices import confine_replica_memory, replica_device
-from towerflow.strategies.base import Strategy
+from towerflow.strategies._local_tables import LocalTablesStrategy
 from towerflow.strategies.replica_env import ReplicaEnv, read_env
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
-class MirroredStrategy(Strategy):
+class MirroredStrategy(LocalTablesStrategy):
     """One replica per local device (GPUs, or logical CPU devices), all-reduce between them.
 
     `towers`: "processes" (one replica process per device, started by `towerflow launch`),
