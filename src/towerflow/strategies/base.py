@@ -68,7 +68,7 @@ class Strategy:
     # (this process trains them); 'meta' with parameter servers (their rows live on the ps tasks).
     table_device: Optional[str] = None
     # Replicas that read one shard of the data together: the towers of one process
-    # (MirroredStrategy(towers="threads")); the loader shards by process, the towers split its batches.
+    # (TowersStrategy); the loader shards by process, the towers split its batches.
     towers_per_process = 1
 
     def __init__(
