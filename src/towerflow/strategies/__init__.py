@@ -6,6 +6,7 @@ from towerflow.strategies.environment import ReplicaEnv, read_env, register_stra
 from towerflow.strategies.mirrored import MirroredStrategy
 from towerflow.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from towerflow.strategies.one_device import OneDeviceStrategy
+from towerflow.strategies.towers_strategy import TowersStrategy
 
 __all__ = [
     "MirroredStrategy",
@@ -14,6 +15,7 @@ __all__ = [
     "ReplicaEnv",
     "Strategy",
     "SyncOptimizer",
+    "TowersStrategy",
     "read_env",
     "register_strategy",
     "strategy_from_env",

@@ -26,10 +26,7 @@ from torch.utils.data import Dataset, IterableDataset
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
-from towerflow.ps.tables.row_optimizers import RowOptimizer
-from towerflow.strategies._hash_tables import local_hash_tables
 from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
-from towerflow.strategies._tables import with_table_optimizer
 
 MIXED_PRECISION = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 VARIABLES_ON = ("device", "cpu")
@@ -71,7 +68,7 @@ class Strategy:
     # (this process trains them); 'meta' with parameter servers (their rows live on the ps tasks).
     table_device: Optional[str] = None
     # Replicas that read one shard of the data together: the towers of one process
-    # (MirroredStrategy(towers="threads")); the loader shards by process, the towers split its batches.
+    # (TowersStrategy); the loader shards by process, the towers split its batches.
     towers_per_process = 1
 
     def __init__(
@@ -101,7 +98,6 @@ class Strategy:
         self._batch_is_empty = False
         self.last_batch: Optional[ShardBatch] = None  # the batch the replica's loader handed out last
         self._optimizer: Optional[SyncOptimizer] = None
-        self.hash_tables = None  # set by setup: the model's HashEmbedding rows when this process holds them
 
     @property
     def global_step(self) -> int:
@@ -132,22 +128,19 @@ class Strategy:
         optimizer: Optional[torch.optim.Optimizer] = None,
         lr_schedule: Optional[Callable[[int], float]] = None,
         clip_grad_norm: Optional[float] = None,
-        sparse_optimizer: Optional[RowOptimizer] = None,
     ) -> Tuple[torch.nn.Module, Optional[SyncOptimizer]]:
         """Move the model to this replica's device, make its updates synchronous, wrap the optimizer.
 
         Build the optimizer over `model.parameters()` before calling; it keeps working after
         the move. `lr_schedule(global_step) -> lr` is applied before every step;
         `clip_grad_norm` clips the combined gradient (after all-reduce, so every replica agrees).
-        `sparse_optimizer` (`towerflow.ps.SparseAdam(...)`, ...) trains the model's sparse=True tables
-        with its torch twin here, and on the ps tasks under ParameterServerStrategy; `optimizer` then
-        covers the dense parameters only. A `HashEmbedding` keeps its rows in this process (one
-        replica only), trained by `sparse_optimizer` or the row-wise form of `optimizer`.
+        Strategies that train embedding tables also take `sparse_optimizer=` (`_local_tables.py`,
+        `parameter_server.py`).
         """
-        model = model.to(self.device)
-        self.hash_tables = local_hash_tables(self, model, optimizer, sparse_optimizer)  # HashEmbedding rows, here
-        if optimizer is not None:
-            optimizer = with_table_optimizer(model, optimizer, sparse_optimizer, self.hash_tables)
+        return self._setup_placed(model.to(self.device), optimizer, lr_schedule, clip_grad_norm)
+
+    def _setup_placed(self, model, optimizer, lr_schedule, clip_grad_norm):
+        """`setup` for a model already on this replica's device (and an optimizer that covers its tables)."""
         wrapped = self._wrap_model(model)
         if optimizer is None:
             return wrapped, None

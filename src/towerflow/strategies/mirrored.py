@@ -6,7 +6,8 @@ overlapping the backward pass), NCCL between GPUs, gloo on CPUs. Replicas are st
 `towerflow launch` (or torchrun) and find each other through torchrun's variables.
 
 With `towers="threads"` (the default for several CPU devices in one process with no launcher),
-the devices are towers of this one process instead, averaging in memory: `strategies/towers.py`.
+`MirroredStrategy(...)` is a `TowersStrategy` instead: the devices are towers of this one process,
+averaging in memory (`towers_strategy.py`).
 
 With `variables_on="cpu"` (the variables on the host, as in TF's multi-GPU towers) there is no DDP: gradients come down to the
 host CPU, are averaged there with one all-reduce over a gloo group, the optimizer runs on
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import inspect
 import os
 import warnings
 from typing import Any, Optional, Sequence
@@ -28,28 +30,36 @@ from torch.nn.parallel import DistributedDataParallel
 from towerflow.cluster import failures as _failures
 from towerflow.cluster import replica_rendezvous
 from towerflow.errors import StrategyError
-from towerflow.strategies import _host_memory
 from towerflow.strategies import towers as _towers
-from towerflow.strategies.tower_pool import TowerPool, default_threads_per_tower
 from towerflow.strategies._devices import confine_replica_memory, replica_device
-from towerflow.strategies.base import Strategy
+from towerflow.strategies._local_tables import LocalTablesStrategy
 from towerflow.strategies.replica_env import ReplicaEnv, read_env
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
-class MirroredStrategy(Strategy):
+class MirroredStrategy(LocalTablesStrategy):
     """One replica per local device (GPUs, or logical CPU devices), all-reduce between them.
 
     `towers`: "processes" (one replica process per device, started by `towerflow launch`),
     "threads" (the CPU devices as towers of this one process), or None: threads when this process
     is not one of a launcher's replicas and has several CPU devices (`devices`, else the logical
-    CPU devices), else processes. `threads_per_tower`: torch threads of each tower (default: the
-    host's cores split among the towers, also the count of this thread, which runs tower 0 and the
-    optimizer step; OMP_NUM_THREADS set leaves them alone).
+    CPU devices), else processes. With threads, `MirroredStrategy(...)` returns a `TowersStrategy`
+    (a MirroredStrategy still, so a script need not know which layout it got); `threads_per_tower`
+    is its torch threads per tower. Subclasses (MultiWorkerMirroredStrategy) are one process per replica.
     """
 
     name = "mirrored"
+    towers = "processes"  # the layout: one replica per process ("threads": TowersStrategy)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "MirroredStrategy":
+        if cls is MirroredStrategy:
+            options = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments
+            if _towers.towers_mode(options.get("towers"), read_env(), options.get("devices")) == "threads":
+                from towerflow.strategies.towers_strategy import TowersStrategy  # a subclass: imported on use
+
+                return super().__new__(TowersStrategy)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -64,22 +74,12 @@ class MirroredStrategy(Strategy):
         threads_per_tower: Optional[int] = None,
     ):
         env = self._read_env()
-        self.towers = _towers.towers_mode(towers, env, devices)
-        self.tower_devices: Sequence[str] = ()
-        self._tower_pool: Optional[TowerPool] = None
-        self.host_memory: Optional[str] = None  # towers: what _host_memory did to malloc (None: nothing)
-        if self.towers == "threads":
-            self.tower_devices = _towers.tower_devices(devices)
-            n = len(self.tower_devices)
-            super().__init__(torch.device("cpu"), self.tower_devices[0], n, 0, variables_on, mixed_precision)
-            self.towers_per_process = n
-            self.env, self.backend, self._owns_group, self._heartbeat = env, None, False, None
-            if threads_per_tower is None and not env.threads_set_by_user:
-                threads_per_tower = default_threads_per_tower(n)
-            if threads_per_tower is not None:
-                torch.set_num_threads(threads_per_tower)  # this thread runs tower 0 (and the optimizer step)
-            self._threads_per_tower = threads_per_tower
-            return
+        _towers.towers_mode(towers, env, devices)  # checks the value (and threads under a launcher)
+        if towers == "threads":  # not MirroredStrategy itself (its __new__ made a TowersStrategy): a subclass
+            raise StrategyError(
+                f"towers='threads' with {type(self).__name__}: it trains one replica per process. Towers in one "
+                "process are MirroredStrategy(towers='threads')"
+            )
         device, device_name = self._pick_device(env, devices)
         super().__init__(device, device_name, env.world_size, env.rank, variables_on, mixed_precision)
         self.env = env
@@ -110,12 +110,6 @@ class MirroredStrategy(Strategy):
                 f"`towerflow launch --nproc {torch.cuda.device_count()} script.py` (or torchrun)",
                 stacklevel=2,
             )
-
-    def __repr__(self) -> str:
-        if self.towers != "threads":
-            return super().__repr__()
-        return (f"{type(self).__name__}({len(self.tower_devices)} towers in one process on "
-                f"{', '.join(self.tower_devices)}, variables_on={self.variables_on!r})")
 
     # ---- construction
     def _read_env(self) -> ReplicaEnv:
@@ -166,19 +160,8 @@ class MirroredStrategy(Strategy):
         )
         self._owns_group = True
 
-    def _update_threads(self):
-        if self._tower_pool is None:
-            return super()._update_threads()
-        return self._tower_pool.all_threads()  # the towers wait for the next forward: the update gets their cores
-
     # ---- model
     def _wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.towers == "threads":
-            if self._tower_pool is None:
-                if self.env.towers_allocator == "keep":
-                    self.host_memory = _host_memory.keep_freed_memory()
-                self._tower_pool = TowerPool(len(self.tower_devices), self._threads_per_tower)
-            return _towers.TowerModule(model, self._tower_pool)
         if not self.env.is_distributed:
             return model
         if self.variables_on == "cpu":
@@ -229,9 +212,6 @@ class MirroredStrategy(Strategy):
             dist.barrier(**({"device_ids": [self.device.index]} if self.backend == "nccl" else {}))
 
     def shutdown(self) -> None:
-        if self._tower_pool is not None:
-            self._tower_pool.close()
-            self._tower_pool = None
         if self._heartbeat is not None:
             self._heartbeat.finish()
         if self._owns_group and dist.is_initialized():

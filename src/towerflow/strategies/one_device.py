@@ -7,10 +7,10 @@ from typing import Optional
 import torch
 
 from towerflow.strategies._devices import default_device, resolve_device
-from towerflow.strategies.base import Strategy
+from towerflow.strategies._local_tables import LocalTablesStrategy
 
 
-class OneDeviceStrategy(Strategy):
+class OneDeviceStrategy(LocalTablesStrategy):
     """TF's `OneDeviceStrategy`: everything on `device` (default: the first GPU, else the CPU)."""
 
     name = "one_device"

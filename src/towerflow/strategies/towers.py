@@ -1,4 +1,5 @@
-"""Towers in one process: `MirroredStrategy` over several CPU devices as threads of one process.
+"""Towers in one process: the mechanics behind `TowersStrategy` (`towers_strategy.py`), several CPU
+devices as threads of one process, and the rule that picks them (`towers_mode`).
 
 TF's MirroredStrategy with logical CPUs: one tower per device in one process, gradients summed in
 memory (the towers share the parameter tensors; torch ops release the GIL, so the towers' ops run
