@@ -147,8 +147,41 @@ def test_a_peer_with_another_token_is_refused_before_anything_is_unpickled(endpo
     if mode == AUTHENTICATE:  # CURVE refuses a wrong key in the handshake itself, before the gate is asked
         assert "server refused a connection from 127.0.0.1" in capfd.readouterr().err
     friend = endpoints("friend", token="right", mode=mode, book={"server": server.address})
-    friend.call("server", _echo, (1,)).wait()
+    friend.call("server", _echo, (1,), timeout=10).wait()
     assert _calls_run == [1]
+
+
+class _QueuesOnlyWhenConnected(messaging.Endpoint):
+    """Its connections take a call only once connected (ZMQ_IMMEDIATE), so every send meets a socket
+    that cannot queue it yet: what a connection being made, or refused and retried, looks like."""
+
+    def _configure_dealer(self, socket, address):
+        super()._configure_dealer(socket, address)
+        socket.immediate = True
+
+
+@pytest.mark.parametrize("token, outcome", [("t", "answered"), ("wrong", "refused")])
+def test_a_call_the_connection_cannot_take_yet_waits_for_it_without_blocking_the_endpoint(endpoints, token, outcome):
+    server = endpoints("server")
+    client = _QueuesOnlyWhenConnected("client", "127.0.0.1", WireSecurity(AUTHENTICATE, token),
+                                      {"server": server.address}.get, 10.0)
+    try:
+        calls = [client.call("server", _echo, (i,), timeout=10) for i in range(3)]
+        if outcome == "answered":
+            assert [c.wait()[0] for c in calls] == [(0,), (1,), (2,)]  # all of them, in order
+        else:
+            for c in calls:
+                with pytest.raises(ClusterJoinError, match="refused the connection of client"):
+                    c.wait()
+        direct = client.direct("server")
+        if outcome == "answered":
+            assert direct.call(_echo, 7).result()[0] == (7,)
+        else:
+            with pytest.raises(ClusterJoinError, match="refused the connection of client"):
+                direct.call(_echo, 7).result()
+        direct.close()
+    finally:
+        client.close()
 
 
 def test_a_call_after_close_fails_instead_of_waiting(endpoints):

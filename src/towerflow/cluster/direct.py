@@ -35,6 +35,9 @@ class DirectChannel:
         self._poller = zmq.Poller()
         self._poller.register(self._socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        self._send_poller = zmq.Poller()  # while a send waits for a connection to queue on
+        self._send_poller.register(self._socket, zmq.POLLOUT)
+        self._send_poller.register(self._monitor, zmq.POLLIN)
         self._ids = itertools.count(1)
         self._early: Dict[int, list] = {}  # replies read while waiting for another call's
         self._is_up = False
@@ -45,8 +48,17 @@ class DirectChannel:
         if self._failure is not None:
             raise self._failure
         call_id = next(self._ids)
-        self._socket.send_multipart(wire.encode(call_id, wire.Call(fn, args)), copy=False)
-        return DirectCall(self, call_id)
+        frames = wire.encode(call_id, wire.Call(fn, args))
+        while True:
+            try:
+                self._socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+                return DirectCall(self, call_id)
+            except zmq.Again:  # no connection to queue on yet (being made, or refused): wait, watching the monitor
+                ready = dict(self._send_poller.poll(_WATCH_EVERY_MS))
+                if self._monitor in ready:
+                    self._event(recv_monitor_message(self._monitor)["event"])
+                if self._failure is not None:
+                    raise self._failure
 
     def _reply(self, call_id: int, idle: Optional[Callable[[], None]]) -> Any:
         frames = self._early.pop(call_id, None)

@@ -17,12 +17,13 @@ with ClusterJoinError.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 import zmq
@@ -86,6 +87,10 @@ class _Peer:
         self.name, self.address, self.socket, self.monitor = name, address, socket, monitor
         self.is_up = False
         self.failure: Optional[BaseException] = None  # set once: the peer is gone for good
+        # calls a send could not queue yet (no connection to queue on: one being made, or a refused
+        # handshake being retried); sent in order once the socket can take them
+        self.backlog: Deque[List[Any]] = collections.deque()
+        self.waits_to_send = False
 
 
 class Endpoint:
@@ -166,14 +171,14 @@ class Endpoint:
     def _run(self) -> None:
         try:
             while True:
-                for socket, _ in self._poller.poll(self._poll_ms()):
+                for socket, events in self._poller.poll(self._poll_ms()):
                     if socket is self._server:
                         self._serve(socket.recv_multipart(copy=False))
                     elif socket is self._outbox_in:
                         if not self._from_outbox(socket.recv_multipart(copy=False)):
                             return
                     else:
-                        self._from_peer(socket)
+                        self._from_peer(socket, events)
                 self._expire()
         finally:
             self._close_sockets()
@@ -194,10 +199,24 @@ class Endpoint:
             if peer.failure is not None:
                 self._fail_call(wire.envelope(frames[3])[1], peer.failure)
             else:
-                peer.socket.send_multipart(frames[3:], copy=False)
+                peer.backlog.append(frames[3:])
+                self._send_backlog(peer)
         else:
             return False
         return True
+
+    def _send_backlog(self, peer: _Peer) -> None:
+        """Send `peer`'s waiting calls without blocking: a DEALER with no connection to queue on blocks a send,
+        and this thread must stay free to see the monitor's verdict and the deadlines."""
+        try:
+            while peer.backlog:
+                peer.socket.send_multipart(peer.backlog[0], copy=False, flags=zmq.NOBLOCK)
+                peer.backlog.popleft()
+        except zmq.Again:
+            pass
+        if bool(peer.backlog) != peer.waits_to_send:  # woken when it can take them
+            peer.waits_to_send = bool(peer.backlog)
+            self._poller.modify(peer.socket, zmq.POLLIN | (zmq.POLLOUT if peer.waits_to_send else 0))
 
     def _peer(self, name: str, address: str) -> _Peer:
         peer = self._peers.get(name)
@@ -230,10 +249,15 @@ class Endpoint:
             raise _unknown(to)
         return DirectChannel(self._context, self.name, to, address, lambda s: self._configure_dealer(s, address))
 
-    def _from_peer(self, socket: zmq.Socket) -> None:
-        peer = self._by_socket[socket]
+    def _from_peer(self, socket: zmq.Socket, events: int) -> None:
+        peer = self._by_socket.get(socket)
+        if peer is None:  # lost earlier in this same poll's events
+            return
         if socket is peer.socket:
-            self._reply_arrived(peer, socket.recv_multipart(copy=False))
+            if events & zmq.POLLOUT:
+                self._send_backlog(peer)
+            if events & zmq.POLLIN:
+                self._reply_arrived(peer, socket.recv_multipart(copy=False))
         else:
             self._peer_event(peer, recv_monitor_message(socket)["event"])
 
@@ -265,6 +289,7 @@ class Endpoint:
     def _lose(self, peer: _Peer, error: BaseException) -> None:
         """The peer is gone for good (a restarted task comes back under another name): fail its calls."""
         peer.failure = error
+        peer.backlog.clear()  # their calls are pending: failed below
         for s in (peer.socket, peer.monitor):
             self._poller.unregister(s)
             del self._by_socket[s]
