@@ -114,6 +114,11 @@ class Heartbeat:
             self._store.set(f"towerflow/done/{self.rank}", "1")
         except RuntimeError:
             pass
+        # let the beat finish its store call: a thread still inside libtorch while the process exits is
+        # one suspect of a rare abort at a replica's exit; a store cut off gets no more than this
+        for t in self._threads:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(2 * self.every)
 
     def _beat(self) -> None:
         seen: Dict[int, tuple] = {}  # rank -> (beat count, when it last changed)
