@@ -1,4 +1,4 @@
-"""`towerflow smi` against `nvidia-smi` on a real GPU (issue 19, item 6).
+"""`towerflow smi` against `nvidia-smi` on a real GPU.
 
 A child process keeps the GPU busy (a matmul loop holding ~`--hold-gib` GiB); then, `--samples`
 times, `nvidia-smi --query-gpu ...` / `--query-compute-apps ...` and `towerflow smi --json` are

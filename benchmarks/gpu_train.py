@@ -1,4 +1,4 @@
-"""Training on one GPU against plain PyTorch (issue 19, items 3 and 4), side by side in one process.
+"""Training on one GPU against plain PyTorch side by side in one process.
 
 Parts (`--parts sync prefetch`), each a set of variants run in turn in chunks of `--chunk` steps,
 the order rotating every round, so the machine's noise hits every variant alike; reported: samples/s

@@ -1,4 +1,4 @@
-"""Issue 13's done-when: SIGKILL worker 1 of an async MNIST ps run at a random moment after the
+"""SIGKILL worker 1 of an async MNIST ps run at a random moment after the
 first metrics record, N times; every launch must exit 0 with test accuracy >= 0.95.
 
     PYTHONPATH=src .venv/bin/python benchmarks/kill_worker_runs.py [--runs 10] [--seed 13] [--out DIR]

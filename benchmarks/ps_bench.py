@@ -1,4 +1,4 @@
-"""Parameter-server benchmarks (issue 5): wire throughput, overlap, scaling, and loss against time per mode.
+"""Parameter-server benchmarks: wire throughput, overlap, scaling, and loss against time per mode.
 
     python benchmarks/ps_bench.py                 # every part; prints tables, writes benchmarks/results/ps_bench.json
     python benchmarks/ps_bench.py --parts wire    # one part: wire | loops | scaling | modes
@@ -46,8 +46,8 @@ _SYSTEM = {"TOWERFLOW_PS_ALLOCATOR": "system"}  # without it, towerflow launch a
 WIRE_ENVS = {
     # what towerflow launch gives a ps cluster: huge pages for CPU tensors >= 2 MB, glibc's mmap threshold
     # fixed at 32 MB with 256 MB of freed memory kept, and TensorPipe's TCP transport only
-    "tuned": {},  # since issue 17 this includes the same-host shared-memory link for the steps
-    "rpc": {"TOWERFLOW_PS_LINK": "rpc"},  # the launcher's settings, steps over RPC (what "tuned" was before issue 17)
+    "tuned": {},  # includes the same-host shared-memory link for the steps
+    "rpc": {"TOWERFLOW_PS_LINK": "rpc"},  # the launcher's settings, steps over RPC (what "tuned" was before the same-host link)
     "thp": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "1"},  # huge pages only (what the launcher gave before 2026-11-22 13:50)
     "plain": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "0"},  # the system's allocator as it is
     # TensorPipe's default transports, shm (busy-polling reactor) included, with huge pages: what tasks got

@@ -1,4 +1,4 @@
-"""Issue 15: how far do the rendezvous store, the heartbeats and the ps fan-in go? Starts clusters of N
+"""How far do the rendezvous store, the heartbeats and the ps fan-in go? Starts clusters of N
 light tasks on this machine (join, beat, watch, no training) and measures them. docs/scaling.md reads it.
 
     PYTHONPATH=src .venv/bin/python benchmarks/scaling.py --tasks 32 64 128 --repeats 2 \

@@ -1,4 +1,4 @@
-"""Sparse embedding tables on parameter servers against one process (issue 16, docs/benchmarks.md).
+"""Sparse embedding tables on parameter servers against one process (docs/benchmarks.md).
 
     PYTHONPATH=src python benchmarks/sparse_bench.py --rows 1000000 --steps 40 --repeats 3
 

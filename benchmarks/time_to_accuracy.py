@@ -1,4 +1,4 @@
-"""Seconds to 0.98 test accuracy on MNIST-t10k (issue 17): one process against towerflow's ways to train
+"""Seconds to 0.98 test accuracy on MNIST-t10k: one process against towerflow's ways to train
 on several processes, and against a plain torch.distributed.rpc parameter-server loop.
 
     python benchmarks/time_to_accuracy.py --data ../shared/data/mnist-t10k             # 3 launches each

@@ -1,4 +1,4 @@
-"""Towers in one process against the one-process loop and against two DDP replica processes (issue 17).
+"""Towers in one process against the one-process loop and against two DDP replica processes.
 
 For each model, side by side in one run, interleaved round by round (the order rotates every
 round, so a shared machine's noise hits every variant alike):

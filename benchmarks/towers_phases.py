@@ -1,4 +1,4 @@
-"""Where one step of towers in one process goes, phase by phase, beside the plain loop (issue 17).
+"""Where one step of towers in one process goes, phase by phase, beside the plain loop.
 
 benchmarks/towers.py gives the ratios; this gives the reasons: per step of the large MLP (the one
 of towers.py), the medians over `--steps` steps of zero_grad, forward, backward and the optimizer's
