@@ -103,3 +103,21 @@ def test_the_worker_side_of_a_ps_step_loads_nothing_of_the_ps_side():
         "print(sorted(m for m in sys.modules if m.startswith('towerflow.ps.server')))\n"
     )
     assert out.strip() == "[]", out
+
+
+def test_only_the_task_environment_reader_the_launcher_and_cuda_visibility_touch_os_environ():
+    """A task learns its place from one reader (taskenv); the launcher writes what its tasks inherit; hiding
+    GPUs from CUDA in this process can only be done through its environment. Nothing else reads or writes it."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src" / "towerflow"
+    touching = set()
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.attr] if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                     and node.value.id == "os" else [a.name for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module == "os" else [])
+            if set(names) & {"environ", "getenv", "putenv", "unsetenv", "environb"}:
+                touching.add(str(path.relative_to(src)))
+    assert sorted(touching) == ["devices/gpu_memory.py", "launch/environment.py", "taskenv.py"]
