@@ -11,6 +11,7 @@ by an `Endpoint` (`Endpoints` lists them), so a worker calls the ps's code witho
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
@@ -24,8 +25,10 @@ from towerflow.ps.tables.row_optimizers import RowOptimizer
 ENDPOINTS_MODULE = "towerflow.ps.server.endpoints"
 
 
+@functools.lru_cache(maxsize=None)
 def _endpoint_function(name: str) -> Callable:
-    """The ps's function `name`: what an `Endpoint` becomes when the ps unpickles a call."""
+    """The ps's function `name`: what an `Endpoint` becomes when the ps unpickles a call (every step's call
+    names one, so each is looked up once)."""
     return getattr(importlib.import_module(ENDPOINTS_MODULE), name)
 
 
