@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_session.sh suite    # the whole suite, gpu tests included, 8 workers
 #   bash benchmarks/gpu_session.sh bench    # training vs plain PyTorch, prefetch, smi vs nvidia-smi, Pi, ps on GPU
 #   bash benchmarks/gpu_session.sh all      # the three in turn (over 10 minutes: not for one device command)
+#   bash benchmarks/gpu_session.sh short    # the three in one 10-minute command: each part and command bounded,
+#                                           # the suite without the real schedulers (no package registry there)
 #
 # The MNIST tests and the ps run need the digits at ../shared/data/mnist-t10k; MNIST_DIR=DIR points
 # elsewhere and is copied there (the device tool carries an ignored folder of the checkout, not ../shared).
@@ -14,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps a carried site folder
 PY=${PY:-python3}
 if [ -n "${MNIST_DIR:-}" ] && [ ! -d ../shared/data/mnist-t10k ]; then
     mkdir -p ../shared/data && cp -r "$MNIST_DIR" ../shared/data/mnist-t10k
@@ -31,32 +33,35 @@ tests() {
 }
 
 suite() {
-    $PY -m pytest -q -rs -p no:cacheprovider -n 8 --dist loadgroup --durations=20 tests 2>&1 | tee "$OUT/suite.log"
+    $PY -m pytest -q -rs -p no:cacheprovider -n 8 --dist loadgroup --durations=20 "$@" tests 2>&1 | tee "$OUT/suite.log"
 }
+
+# every command of `bench` under a bound of its own in `short`, so one that hangs costs only its share
+T=${T:-}
 
 bench() {
     {
         echo "== training on one GPU against plain PyTorch (items 3, 4)"
-        $PY benchmarks/gpu_train.py --json "$OUT/gpu_train.json"
+        $T $PY benchmarks/gpu_train.py --json "$OUT/gpu_train.json"
         echo "== towerflow smi against nvidia-smi (item 6)"
-        $PY benchmarks/gpu_smi.py --json "$OUT/gpu_smi.json"
+        $T $PY benchmarks/gpu_smi.py --json "$OUT/gpu_smi.json"
         echo "== GPU memory options (item 2): examples/gpu_memory.py"
-        $PY examples/gpu_memory.py --fraction 0.4
-        $PY examples/gpu_memory.py --fraction 0.2 --no-growth
+        $T $PY examples/gpu_memory.py --fraction 0.4
+        $T $PY examples/gpu_memory.py --fraction 0.2 --no-growth
         echo "== Pi (item 7): the GPU, then the CPU split in four logical devices"
-        $PY examples/pi_multi_device.py --samples 20000000      # warms CUDA up
-        $PY examples/pi_multi_device.py --samples 400000000
-        CUDA_VISIBLE_DEVICES= $PY examples/pi_multi_device.py --samples 40000000
+        $T $PY examples/pi_multi_device.py --samples 20000000      # warms CUDA up
+        $T $PY examples/pi_multi_device.py --samples 400000000
+        CUDA_VISIBLE_DEVICES= $T $PY examples/pi_multi_device.py --samples 40000000
         if [ -d ../shared/data/mnist-t10k ]; then
             echo "== ps: 1 ps + 2 workers on the GPU, then the same on the CPU (item 5)"
-            $PY -m towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --steps 2000
-            CUDA_VISIBLE_DEVICES= $PY -m towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --steps 2000
+            $T $PY -m towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --steps 2000
+            CUDA_VISIBLE_DEVICES= $T $PY -m towerflow launch --ps 1 --workers 2 examples/mnist_ps.py --data ../shared/data/mnist-t10k --steps 2000
         else
             echo "== ps: skipped, no ../shared/data/mnist-t10k (set MNIST_DIR)"
         fi
         echo "== ps with sparse embedding tables: 2 ps + 2 workers, GPU workers then CPU workers (item 5)"
-        $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 300
-        CUDA_VISIBLE_DEVICES= $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 300
+        $T $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 300
+        CUDA_VISIBLE_DEVICES= $T $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 300
     } 2>&1 | tee "$OUT/bench.log"
 }
 
@@ -66,5 +71,9 @@ case "${1:-all}" in
     suite) suite ;;
     bench) bench ;;
     all) tests; suite; bench ;;
-    *) echo "usage: $0 tests|suite|bench|all" >&2; exit 2 ;;
+    short)
+        timeout 150 bash -c "$(declare -f tests); PY=$PY OUT=$OUT tests"
+        T="timeout 75" bench
+        timeout "${SUITE_SECONDS:-200}" bash -c "$(declare -f suite); PY=$PY OUT=$OUT suite --ignore=tests/schedulers -n 14" ;;
+    *) echo "usage: $0 tests|suite|bench|all|short" >&2; exit 2 ;;
 esac
