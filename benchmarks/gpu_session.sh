@@ -29,11 +29,14 @@ environment() {
 }
 
 tests() {
-    $PY -m pytest -m gpu -v -rs -p no:cacheprovider --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log"
+    $PY -m pytest -m gpu -v -rfEs -p no:cacheprovider --timeout 120 --durations=0 tests 2>&1 | tee "$OUT/gpu_tests.log"
 }
 
+# verbose into the log, so a run cut short still names every test that failed; the summary on the terminal
 suite() {
-    $PY -m pytest -q -rs -p no:cacheprovider -n 8 --dist loadgroup --durations=20 "$@" tests 2>&1 | tee "$OUT/suite.log"
+    $PY -m pytest -v -rfE -p no:cacheprovider -p no:benchmark --timeout 100 -n 8 --dist loadgroup --durations=20 \
+        "$@" tests > "$OUT/suite.log" 2>&1
+    grep -E "FAILED|ERROR|passed|failed" "$OUT/suite.log" | tail -60
 }
 
 # every command of `bench` under a bound of its own in `short`, so one that hangs costs only its share
@@ -72,8 +75,9 @@ case "${1:-all}" in
     bench) bench ;;
     all) tests; suite; bench ;;
     short)
-        timeout 150 bash -c "$(declare -f tests); PY=$PY OUT=$OUT tests"
-        T="timeout 75" bench
-        timeout "${SUITE_SECONDS:-200}" bash -c "$(declare -f suite); PY=$PY OUT=$OUT suite --ignore=tests/schedulers -n 14" ;;
+        timeout 240 bash -c "$(declare -f tests); PY=$PY OUT=$OUT tests"
+        T="timeout 60" bench
+        timeout "${SUITE_SECONDS:-200}" bash -c "$(declare -f suite); PY=$PY OUT=$OUT suite --ignore=tests/schedulers -n 14"
+        grep -E "FAILED|ERROR" "$OUT/suite.log" | head -60 ;;
     *) echo "usage: $0 tests|suite|bench|all|short" >&2; exit 2 ;;
 esac

@@ -75,6 +75,33 @@ def test_query_reads_every_field_and_tolerates_unsupported_ones():
     assert fake.shutdown_calls == 1
 
 
+class FakeNVMLWithV2(FakeNVML):
+    """NVML of drivers since R510: the v2 memory query leaves the driver's reserved memory out of `used`."""
+
+    nvmlMemory_v2 = 0x2000028
+    RESERVED = 614 << 20
+
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        v1 = super().nvmlDeviceGetMemoryInfo(h)
+        if version is None:
+            return types.SimpleNamespace(used=v1.used + self.RESERVED, total=v1.total, free=v1.free - self.RESERVED)
+        assert version == self.nvmlMemory_v2
+        return types.SimpleNamespace(used=v1.used, reserved=self.RESERVED, total=v1.total, free=v1.free - self.RESERVED)
+
+
+class FakeNVMLRefusingV2(FakeNVMLWithV2):
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        if version is not None:
+            raise RuntimeError("Function Not Found")
+        return super().nvmlDeviceGetMemoryInfo(h)
+
+
+def test_memory_used_is_what_nvidia_smi_shows_not_counting_the_drivers_reserve():
+    assert [g.memory_used_mib for g in nvml.query(FakeNVMLWithV2())] == [0, 10240]
+    # a driver without the v2 query: its v1 figure, the reserve included, rather than nothing
+    assert [g.memory_used_mib for g in nvml.query(FakeNVMLRefusingV2())] == [614, 10854]
+
+
 def test_text_view_matches_gpustat_shape():
     text = smi.render(smi.snapshot(FakeNVML()), colour=False)
     lines = text.splitlines()
