@@ -12,8 +12,11 @@
   and read by the calling thread); `towerflow_direct_curve`: that, encrypted (the default across
   hosts). Contenders rotate within each round; round trips/s, medians over rounds.
 * fanin: 8 client processes each making small calls (a 4 KB tensor each way) as fast as they can to
-  one server process; total calls/s the server answered. `towerflow` against `rpc` (torch.distributed.rpc
-  on TensorPipe, what towerflow used before) in the same run.
+  one server process; total calls/s the server answered. `bare` (the pyzmq DEALER/ROUTER pair above: the
+  ceiling on this machine), `towerflow` (`Endpoint.call`), `towerflow_direct` (a `DirectChannel` per
+  client, a ps worker's path), `towerflow_direct_quick` (that, calling a function marked `quick`: run
+  on the server's socket thread, as the ps's row reads and pushes are) and `rpc` (torch.distributed.rpc on TensorPipe, what towerflow used
+  before), in turn within each round.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ def _small(x: torch.Tensor) -> torch.Tensor:
 # ---- the two sides of each contender, as subprocesses of this file
 
 
+def _small_quick(x: torch.Tensor) -> torch.Tensor:
+    return _held(4096)
+
+
 def _serve_bare(port_file: str) -> None:
     import zmq
 
@@ -82,6 +89,7 @@ def _serve_towerflow(port_file: str, mode: str) -> None:
     from towerflow.cluster.wire_security import WireSecurity
 
     messaging.deferred(_answer)
+    messaging.quick(_small_quick)
     endpoint = messaging.Endpoint("server", "127.0.0.1", WireSecurity(mode, "bench"), lambda name: None, 30.0)
     _write(port_file, endpoint.address)
     while not os.path.exists(port_file + ".stop"):
@@ -104,10 +112,12 @@ def _wait_for(path: str) -> str:
     return open(path).read()
 
 
-def _rate(once, seconds: float = SECONDS) -> float:
-    """Calls of `once()` per second over `seconds`, after 20 to warm up."""
+def _rate(once, seconds: float = SECONDS, barrier=None) -> float:
+    """Calls of `once()` per second over `seconds`, after 20 to warm up (and `barrier()`, when given)."""
     for _ in range(20):
         once()
+    if barrier is not None:
+        barrier()
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         once()
@@ -192,15 +202,46 @@ def _stop(contender: str, server: subprocess.Popen, address: str, port_file: str
     server.wait(30)
 
 
-def _fanin_client(contender: str, address: str, seconds: float) -> float:
-    if contender == "towerflow":
+def _barrier(gate: str):
+    """Every fan-in client starts timing together, once all are connected and warm: a client still
+    importing must not slow the others' timed window."""
+    def wait():
+        _write(f"{gate}.ready.{os.getpid()}", "")
+        _wait_for(f"{gate}.go")
+    return wait
+
+
+def _fanin_client(contender: str, address: str, seconds: float, gate: str) -> float:
+    if contender == "bare":
+        import zmq
+
+        ctx = zmq.Context()
+        c = ctx.socket(zmq.DEALER)
+        c.connect(address)
+        payload = memoryview(_held(4096).numpy()).cast("B")
+
+        def once():
+            c.send_multipart([b"h", payload], copy=False)
+            torch.frombuffer(c.recv_multipart(copy=False)[1].buffer, dtype=torch.float32)
+
+        n = _rate(once, seconds, _barrier(gate))
+        c.close(0)
+        ctx.term()
+        return n
+    if contender.startswith("towerflow"):
         from towerflow.cluster import messaging
         from towerflow.cluster.wire_security import WireSecurity
 
         endpoint = messaging.Endpoint(f"client{os.getpid()}", "127.0.0.1", WireSecurity("authenticate", "bench"),
                                       lambda name: address, 30.0)
         x = _held(4096)
-        n = _rate(lambda: endpoint.call("server", _small, (x,)).wait(), seconds)
+        if contender.startswith("towerflow_direct"):
+            fn = _small_quick if contender.endswith("quick") else _small
+            channel = endpoint.direct("server")
+            n = _rate(lambda: channel.call(fn, x).result(), seconds, _barrier(gate))
+            channel.close()
+        else:
+            n = _rate(lambda: endpoint.call("server", _small, (x,)).wait(), seconds, _barrier(gate))
         endpoint.close()
         return n
     raise ValueError(contender)
@@ -219,17 +260,28 @@ def _rpc_fanin(rank: int, world: int, port: int, seconds: float, out: str) -> No
     rpc.shutdown()
 
 
+def _open_gate(gate: str, clients: list) -> None:
+    deadline = time.monotonic() + 120
+    while len([f for f in os.listdir(os.path.dirname(gate)) if f.startswith(os.path.basename(gate) + ".ready.")]) < CLIENTS:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in clients):
+            raise RuntimeError("a fan-in client never got ready")
+        time.sleep(0.02)
+    _write(gate + ".go", "")
+
+
 def fanin(rounds: int, tmp: str) -> dict:
-    totals = {"towerflow": [], "rpc": []}
+    contenders = ("bare", "towerflow", "towerflow_direct", "towerflow_direct_quick", "rpc")
+    totals = {c: [] for c in contenders}
     for r in range(rounds):
-        for c in (("towerflow", "rpc") if r % 2 == 0 else ("rpc", "towerflow")):
-            if c == "towerflow":
-                port_file = os.path.join(tmp, f"fan-{r}")
-                server = _python("--serve", "towerflow", "--port-file", port_file)
+        for c in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
+            if c != "rpc":
+                port_file = os.path.join(tmp, f"fan-{c}-{r}")
+                server = _python("--serve", "bare" if c == "bare" else "towerflow", "--port-file", port_file)
                 address = _wait_for(port_file)
-                clients = [subprocess.Popen([sys.executable, __file__, "--fanin-client", c, "--address", address],
-                                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                                            text=True) for _ in range(CLIENTS)]
+                clients = [subprocess.Popen([sys.executable, __file__, "--fanin-client", c, "--address", address,
+                                             "--port-file", port_file], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                            stdout=subprocess.PIPE, text=True) for _ in range(CLIENTS)]
+                _open_gate(port_file, clients)
                 total = sum(float(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in clients)
                 _stop(c, server, address, port_file)
             else:
@@ -246,8 +298,10 @@ def fanin(rounds: int, tmp: str) -> dict:
             totals[c].append(total)
             print(f"fanin round {r} {c}: {total:.0f} calls/s", flush=True)
     med = {c: statistics.median(v) for c, v in totals.items()}
-    print(f"fanin ({CLIENTS} clients, 4 KB each way): towerflow {med['towerflow']:.0f}/s, rpc {med['rpc']:.0f}/s, "
-          f"ratio {med['towerflow'] / med['rpc']:.2f}", flush=True)
+    print(f"fanin ({CLIENTS} clients, 4 KB each way), calls/s: " + ", ".join(f"{c} {med[c]:.0f}" for c in contenders)
+          + f"; towerflow_direct_quick / rpc {med['towerflow_direct_quick'] / med['rpc']:.2f}, "
+          f"bare / rpc {med['bare'] / med['rpc']:.2f}",
+          flush=True)
     return {"totals": totals, "medians": med}
 
 
@@ -277,7 +331,7 @@ def main() -> None:
         return print(_towerflow_client(a.address, a.bytes, "encrypt" if a.client.endswith("curve") else "authenticate",
                                        direct="direct" in a.client))
     if a.fanin_client:
-        return print(_fanin_client(a.fanin_client, a.address, SECONDS * 2))
+        return print(_fanin_client(a.fanin_client, a.address, SECONDS * 2, a.port_file))
     if a.rpc_rank is not None:
         return _rpc_fanin(a.rpc_rank, CLIENTS + 1, a.port, SECONDS * 2, a.out)
     import tempfile

@@ -40,6 +40,16 @@ def _never_answers():
     return future
 
 
+def _thread_name():
+    import threading
+    return threading.current_thread().name
+
+
+@messaging.quick
+def _quick_thread_name():
+    return _thread_name()
+
+
 def _raises(kind: str):
     if kind == "value":
         raise ValueError("the bad value 7")
@@ -110,6 +120,18 @@ def test_a_deferred_call_is_answered_when_its_future_completes(endpoints):
     future, value = _never[0]
     future.set_result(value + 1)
     assert reply.wait() == 42
+
+
+def test_a_quick_call_is_answered_by_the_socket_thread_and_any_other_by_a_pool_thread(endpoints):
+    server = endpoints("server")
+    client = endpoints("client", book={"server": server.address})
+    assert client.call("server", _quick_thread_name).wait() == "towerflow-messaging server"
+    assert client.call("server", _thread_name).wait().startswith("towerflow-call server")
+    channel = client.direct("server")
+    try:
+        assert channel.call(_quick_thread_name).result() == "towerflow-messaging server"
+    finally:
+        channel.close()
 
 
 def test_the_remote_exception_comes_back_as_itself_or_as_a_remote_error_naming_it(endpoints):

@@ -8,8 +8,8 @@ group, no membership round, no token to hold. A restarted task binds anew under 
 One thread per process owns every socket (ZeroMQ sockets are not thread-safe): callers hand it
 their calls through an inproc queue and wait on a torch Future; the thread sends, receives,
 completes futures and dispatches incoming calls. A called function marked `deferred` runs on
-that thread and returns a future (it must not block: a ps holds a sync pull that way); any other
-runs on a pool of threads. A peer's connection that closes (its process ended), never opens
+that thread and returns a future (it must not block: a ps holds a sync pull that way); one marked
+`quick` runs there too and answers at once; any other runs on a pool of threads. A peer's connection that closes (its process ended), never opens
 (nothing listens there any more) or misses ZeroMQ's heartbeats (its host went away) fails the
 calls waiting on it with `PeerGone`; a peer that refuses this task's credentials fails them
 with ClusterJoinError.
@@ -51,6 +51,7 @@ class PeerGone(RuntimeError):
 
 
 deferred = wire.deferred
+quick = wire.quick
 
 
 def peer_failure(event: int, is_up: bool, me: str, to: str, address: str) -> Optional[BaseException]:
@@ -336,6 +337,8 @@ class Endpoint:
                 self._answer_future(routing, call_id, result)
             else:
                 result.add_done_callback(lambda f: self._answer_future(routing, call_id, f))
+        elif getattr(fn, wire.ANSWERS_AT_ONCE, False):
+            self._run_call(routing, call_id, call)
         else:
             self._pool.submit(self._run_call, routing, call_id, call)
 

@@ -185,6 +185,7 @@ def _serving(to: str):
 
 
 deferred = _wire.deferred
+quick = _wire.quick
 
 
 def replica_group_store(host: str, port: int, is_master: bool, timeout: float) -> dist.TCPStore:

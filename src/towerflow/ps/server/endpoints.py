@@ -4,7 +4,8 @@ Every function takes the model's name first (one ps process may hold several mod
 requests and replies of `ps/messages.py`. A ps process keeps its `ShardService`s in this module's
 registry; the chief creates them (`create`), and the other workers wait until it has
 initialized them (`wait_ready`) before their first pull. Functions that may wait (a sync pull,
-a finish, a rejoin) are `deferred`: they answer with a future, so no RPC thread blocks.
+a finish, a rejoin) are `deferred`: they answer with a future, so no RPC thread blocks. The
+per-step calls that never wait (a row read, a push alone) are `quick`: run where they arrive.
 """
 
 from __future__ import annotations
@@ -153,11 +154,13 @@ def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:
     return _shm_link.serve(offer, _linked.handler(lambda: _get(model)), name=f"towerflow-link-{model}-{worker}")
 
 
+@_transport.quick
 def read_rows(model: str, request: RowRead) -> List[torch.Tensor]:
     """The table rows a worker's batch looks up here, one tensor per table of the request."""
     return _get(model).read_rows(request)
 
 
+@_transport.quick
 def push(model: str, worker: int, ticket: Ticket, grads: List[torch.Tensor], lr: Optional[float] = None) -> PushOutcome:
     """A push alone (no pull back)."""
     return _get(model).push(worker, ticket, grads, lr)
