@@ -108,3 +108,35 @@ def test_the_scheduler_variables_are_captured_for_the_resolvers():
            "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1", "HOME": "/root", "SLURMX": "no"}
     captured = taskenv.read(env).scheduler_env
     assert set(captured) == set(env) - {"HOME", "SLURMX"} and list(captured) == sorted(captured)
+
+
+def test_the_task_context_is_resolved_once_and_shared_by_every_module(monkeypatch):
+    import torch
+
+    import towerflow
+    from towerflow.devices import logical
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}))
+    reads = []
+    real_read = taskenv.read
+    monkeypatch.setattr(taskenv, "read", lambda env: reads.append(1) or real_read(env))
+    first = taskenv.current()
+    for _ in range(3):
+        with towerflow.device("/cpu:0"):
+            torch.ones(2) + 1
+    assert logical.local_task().to_string() == "/job:worker/replica:0/task:1"
+    assert taskenv.current() is first and len(reads) == 1
+
+
+def test_a_script_may_set_tf_config_itself_before_it_starts_its_task(monkeypatch):
+    """As in TensorFlow's guides: import, set TF_CONFIG, then build the strategy or the server."""
+    import os
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert not taskenv.current().cluster  # something asked before the script set it
+    # the script's own assignment (setitem: not the fixture's setenv, which resolves again by itself)
+    monkeypatch.setitem(os.environ, "TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]},
+                                                             "task": {"type": "worker", "index": 0}}))
+    assert not taskenv.current().cluster  # no module re-reads the environment on its own
+    assert taskenv.resolve().cluster == {"worker": ["a:1"]}  # what an entry point does first
+    assert taskenv.current().cluster == {"worker": ["a:1"]}

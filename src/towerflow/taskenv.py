@@ -151,9 +151,29 @@ def is_chief_task(job: str, index: int, jobs) -> bool:
     return job in ("worker", "localhost") and index == 0 and "chief" not in jobs
 
 
+_resolved: Optional[TaskEnv] = None
+
+
+def resolve() -> TaskEnv:
+    """Read the environment now and make it this process's task context. The entry points call it (a
+    Server, `strategy_from_env`, `python -m towerflow.ps.serve`, `towerflow launch`, `towerflow cluster`),
+    so a script may set TF_CONFIG itself before it starts its task, as TensorFlow's guides do."""
+    global _resolved
+    _resolved = read(os.environ)
+    return _resolved
+
+
 def current() -> TaskEnv:
-    """This process's environment, parsed now (cheap; tests and Servers may change it)."""
-    return read(os.environ)
+    """This process's task context: the one its entry point resolved (resolved here on first use when
+    none has run), the same object for every module after. This module's writers (`become_task`,
+    `set_default`) and the launcher's `adopt` change it; `forget()` makes the next call read again."""
+    return _resolved if _resolved is not None else resolve()
+
+
+def forget() -> None:
+    """Resolve again on the next `current()`: after a test changed this process's environment."""
+    global _resolved
+    _resolved = None
 
 
 def read(env: Mapping[str, str]) -> TaskEnv:
@@ -242,11 +262,14 @@ def become_task(job: str, index: int) -> None:
     """Record this process's task in its environment (a Server does, on start): processes it starts inherit it."""
     os.environ[ENV_JOB_NAME] = job
     os.environ[ENV_TASK_INDEX] = str(index)
+    forget()
 
 
 def set_default(name: str, value: str) -> None:
     """Set a variable for the libraries this process loads later (gloo, NCCL, cuBLAS), unless it is set."""
-    os.environ.setdefault(name, value)
+    if name not in os.environ:
+        os.environ[name] = value
+        forget()
 
 
 # ---- value parsers: each error names the variable, the bad value and what was expected

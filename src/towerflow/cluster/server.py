@@ -60,7 +60,7 @@ class Server:
         argv: Optional[Sequence[str]] = None,
     ):
         source = "arguments"
-        env = _taskenv.current()  # this task's settings: timeouts, restarts, transports, the launcher's store
+        env = _taskenv.resolve()  # this task's settings: timeouts, restarts, transports, the launcher's store
         if cluster is None:
             info = _env.read_task(list(sys.argv[1:]) if argv is None else argv)
             cluster, job_name, task_index, source = info.cluster, job_name or info.job_name, (

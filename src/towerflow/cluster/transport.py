@@ -13,6 +13,7 @@ import datetime
 import socket
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -192,5 +193,23 @@ def replica_group_store(host: str, port: int, is_master: bool, timeout: float) -
     """The store of a replicas' process group at MASTER_ADDR:MASTER_PORT: rank 0 serves it (not waiting
     for the others: `replica_rendezvous` does that and names whoever is missing), the rest connect,
     retrying until `timeout`."""
-    return dist.TCPStore(host, port, None, is_master, timeout=datetime.timedelta(seconds=timeout),
+    started = time.monotonic()
+    if not is_master:
+        _wait_until_listening(host, port, timeout)
+    remaining = max(1.0, timeout - (time.monotonic() - started))
+    return dist.TCPStore(host, port, None, is_master, timeout=datetime.timedelta(seconds=remaining),
                          wait_for_workers=False)
+
+
+def _wait_until_listening(host: str, port: int, timeout: float) -> None:
+    """Wait until something accepts connections at host:port; RuntimeError after `timeout` s. torch's store
+    client would retry as well, but prints a C++ stack trace on every failed try before its error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.05, min(1.0, deadline - time.monotonic()))).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"nothing accepted a connection at {host}:{port} within {timeout:g} s ({e})") from None
+            time.sleep(0.1)

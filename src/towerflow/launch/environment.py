@@ -50,6 +50,7 @@ def adopt(env: Mapping[str, str], drop: Iterable[str] = ()) -> None:
     for name in drop:
         os.environ.pop(name, None)
     os.environ.update(env)
+    _te.forget()  # this process's task context is the adopted one from now on
 
 
 def launch_default(name: str, default: Optional[str] = None) -> Optional[str]:
@@ -89,6 +90,7 @@ def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], st
                         (_te.ENV_PS_STALENESS, staleness), (_te.ENV_PS_LOCAL_STEPS, local_steps)):
         if value is not None:
             os.environ[name] = str(value)
+    _te.forget()
 
 
 def task_environment(

@@ -83,7 +83,7 @@ def pass_ps_mode(config: LaunchConfig, has_ps: bool) -> None:
 
 def _scheduled_slot(config: LaunchConfig):
     """This slot's task when a scheduler started this launcher (its cluster gathered if need be); None: no scheduler."""
-    task = taskenv.current()
+    task = taskenv.resolve()
     given = {k: v for k, v in (("ps", config.ps), ("chief", config.chief), ("evaluator", config.evaluator)) if v}
     resolved = resolve_slot(task.scheduler_env, config.scheduler,
                             dataclasses.replace(Roles.from_env(task.scheduler_env), **given))

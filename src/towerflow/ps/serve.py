@@ -38,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     server = Server(argv=argv)
     if server.job_name != "ps":
         sys.exit(f"towerflow.ps.serve: {server.name} is not a ps task; run the training script on it")
-    task = taskenv.current()
+    task = taskenv.resolve()
     if not task.threads_set_by_user:  # the ps shares the host's cores with the other local tasks, as workers do
         torch.set_num_threads(server.cluster.threads_per_local_task(os.cpu_count() or 1))
     warm_up()  # while the workers build their models

@@ -79,7 +79,7 @@ def strategy_from_env(name: Optional[str] = None, **options):
     that builds it directly keeps the choice of running `Server().join()` there.
     """
     strategies = _registry()
-    task = _place_from_scheduler(_taskenv.current())
+    task = _place_from_scheduler(_taskenv.resolve())
     if task.job_name == "ps" and task.cluster and (name or task.strategy or "parameter_server") == "parameter_server":
         _serve_and_exit()
     env = read_env(None)
