@@ -91,12 +91,15 @@ def strategy_from_env(name: Optional[str] = None, **options):
 
 def _place_from_scheduler(task: "_taskenv.TaskEnv") -> "_taskenv.TaskEnv":
     """This process's task environment, placed from a scheduler's slot when nothing placed it yet."""
-    if task.cluster:
-        return task
     from towerflow.cluster import gather, schedulers
 
+    if task.cluster:  # TF_CONFIG placed it: checked as `towerflow cluster` checks it (an index out of range, roles)
+        schedulers.resolve(task.scheduler_env)
+        return task
     resolved = schedulers.resolve_scheduler(task.scheduler_env)
-    if resolved is None or (task.world_size is not None and schedulers.Roles.from_env(task.scheduler_env).is_default):
+    named = bool((task.scheduler_env.get(_taskenv.ENV_SCHEDULER) or "").strip())
+    if resolved is None or (task.world_size is not None and not named
+                            and schedulers.Roles.from_env(task.scheduler_env).is_default):
         return task  # not scheduled, or torchrun's / a PyTorchJob's own replica group without roles
     from towerflow.launch import environment as launch_env
     from towerflow.launch.scheduled import NOT_INHERITED, slot_environment
