@@ -53,7 +53,7 @@ ENV_EVALUATOR = "TOWERFLOW_EVALUATOR"  # 1: one of a scheduler's ranks is the ev
 ENV_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"  # torchrun's: True when its agent serves the store at MASTER_PORT
 # What a scheduler sets, captured whole for the resolvers (cluster/schedulers): these prefixes and names,
 # and the variables above that they read as well (torchrun's, TF_CONFIG, this task's job, the role settings).
-SCHEDULER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PET_", "TORCHELASTIC_")
+SCHEDULER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "PET_", "TORCHELASTIC_", "SKYPILOT_", "JSM_NAMESPACE_")
 SCHEDULER_VARIABLES = ("GROUP_RANK", "ROLE_RANK", "KUBERNETES_SERVICE_HOST", "SLURMD_NODENAME", ENV_SCHEDULER, ENV_PS_TASKS, ENV_CHIEF,
                        ENV_EVALUATOR, ENV_TF_CONFIG, ENV_JOB_NAME, ENV_TASK_INDEX, ENV_RANK, ENV_WORLD_SIZE,
                        ENV_LOCAL_RANK, ENV_LOCAL_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT)

@@ -12,7 +12,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print TF_CONFIG's shape plus what was detected as one line of JSON "
                    "(the ranks of an srun / mpirun / torchrun sharing one output print a line each)")
     p.add_argument("--scheduler", default=None, metavar="NAME",
-                   help="use this resolver instead of detecting one (tf_config, kubernetes, torchrun, mpi, slurm, env; "
+                   help="use this resolver instead of detecting one (tf_config, skypilot, kubernetes, torchrun, mpi, lsf, slurm, env; "
                         "default: $TOWERFLOW_SCHEDULER, else detected)")
     p.add_argument("--ps", type=_count, default=None, metavar="N", help="how many ranks are ps tasks (default: $TOWERFLOW_PS_TASKS, else 0)")
     p.add_argument("--chief", action="store_const", const=True, default=None, help="the first rank is the chief ($TOWERFLOW_CHIEF)")

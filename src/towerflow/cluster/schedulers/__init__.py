@@ -5,12 +5,15 @@ Detection order (the first whose `detect` holds wins; `TOWERFLOW_SCHEDULER=NAME`
 1. `tf_config`: TOWERFLOW_JOB_NAME, or a TF_CONFIG with a cluster that is not a Kubeflow TFJob's;
    what `towerflow launch` writes, or the user, names this very process, so it wins over any
    scheduler the launcher itself ran under.
-2. `kubernetes`: KUBERNETES_SERVICE_HOST with a TFJob's TF_CONFIG or a PyTorchJob's MASTER_ADDR / PET_*.
-3. `torchrun`: TORCHELASTIC_RUN_ID or GROUP_RANK: a child of torchrun, even under srun or mpirun.
-4. `mpi`: OMPI_COMM_WORLD_RANK (mpirun inside an sbatch allocation sees SLURM_* too, but its ranks
+2. `skypilot`: SKYPILOT_NODE_RANK with SKYPILOT_NODE_IPS, outside torchrun: a SkyPilot task's run command on
+   each node (on whatever SkyPilot runs it, Kubernetes and Slurm included).
+3. `kubernetes`: KUBERNETES_SERVICE_HOST with a TFJob's TF_CONFIG or a PyTorchJob's MASTER_ADDR / PET_*.
+4. `torchrun`: TORCHELASTIC_RUN_ID or GROUP_RANK: a child of torchrun, even under srun, mpirun or SkyPilot.
+5. `mpi`: OMPI_COMM_WORLD_RANK (mpirun inside an sbatch allocation sees SLURM_* too, but its ranks
    are MPI's), or PMI_RANK / PMIX_RANK without SLURM_PROCID.
-5. `slurm`: SLURM_PROCID with SLURM_JOB_ID.
-6. `env`: torch.distributed's env:// variables alone (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), as
+6. `lsf`: JSM_NAMESPACE_RANK, IBM Spectrum LSF's jsrun.
+7. `slurm`: SLURM_PROCID with SLURM_JOB_ID.
+8. `env`: torch.distributed's env:// variables alone (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), as
    Ray Train or Azure ML set them; a world of one without MASTER_ADDR/MASTER_PORT is a plain process.
 
 Nothing detected: not distributed (`resolve` returns None). `towerflow cluster`, `strategy_from_env()`,
@@ -25,7 +28,9 @@ from towerflow import taskenv as _te
 from towerflow.cluster.schedulers.base import Ranks, Resolved, Roles, SchedulerResolver
 from towerflow.cluster.schedulers.env import EnvResolver
 from towerflow.cluster.schedulers.kubernetes import KubernetesResolver
+from towerflow.cluster.schedulers.lsf import LSFResolver
 from towerflow.cluster.schedulers.mpi import MPIResolver
+from towerflow.cluster.schedulers.skypilot import SkyPilotResolver
 from towerflow.cluster.schedulers.slurm import SlurmResolver
 from towerflow.cluster.schedulers.tf_config import TFConfigResolver
 from towerflow.cluster.schedulers.torchrun import TorchrunResolver
@@ -33,8 +38,8 @@ from towerflow.errors import ClusterSpecError, SchedulerError, did_you_mean
 
 # In detection order.
 RESOLVERS: Dict[str, SchedulerResolver] = {
-    r.name: r for r in (TFConfigResolver(), KubernetesResolver(), TorchrunResolver(), MPIResolver(), SlurmResolver(),
-                        EnvResolver())
+    r.name: r for r in (TFConfigResolver(), SkyPilotResolver(), KubernetesResolver(), TorchrunResolver(), MPIResolver(),
+                        LSFResolver(), SlurmResolver(), EnvResolver())
 }
 
 __all__ = ["NO_SCHEDULER", "RESOLVERS", "Ranks", "Resolved", "Roles", "SchedulerResolver", "detect", "resolve",

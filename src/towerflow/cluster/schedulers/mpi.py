@@ -37,17 +37,25 @@ class MPIResolver(SchedulerResolver):
         local = count(env, "OMPI_COMM_WORLD_LOCAL_RANK", "this rank's index on its node")
         local_size = count(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "the number of ranks on this node", minimum=1)
         ranks = Ranks(count(env, rank_var, "this process's rank", required=True, fix=_FIX), size, local, local_size)
-        port = count(env, "MASTER_PORT", "the rendezvous port", minimum=1) or DEFAULT_PORT
-        if size == 1 or local_size == size:  # one node: every rank on this host
-            ranks = Ranks(ranks.rank, size, ranks.rank, size)
-            return self.from_ranks(env, roles, ranks, block_addresses(["127.0.0.1"], [size], port + 1))
-        addr = (env.get("MASTER_ADDR") or "").strip()
-        if not addr:
-            span = "on several nodes" if local_size else f"of {size} ranks, not known to be on one node"
-            raise SchedulerError(
-                f"{rank_var}={ranks.rank}: an MPI job {span} needs MASTER_ADDR, the host of rank 0, where the ranks "
-                "gather their addresses (one rank's environment does not say where the others run); start it with "
-                "`mpirun -x MASTER_ADDR=<rank 0's host> [-x MASTER_PORT=<port>] ...`"
-            )
-        own = None if local is None else port + 1 + local
-        return self.from_ranks(env, roles, ranks, None, own, f"{addr}:{port}")
+        return place_without_hosts(self, env, roles, ranks, rank_var, "an MPI job",
+                                   "`mpirun -x MASTER_ADDR=<rank 0's host> [-x MASTER_PORT=<port>] ...`")
+
+
+def place_without_hosts(resolver: SchedulerResolver, env: Mapping[str, str], roles: Roles, ranks: Ranks,
+                        rank_var: str, job: str, start_with: str) -> Resolved:
+    """Ranks whose environment names no hosts: one node's on 127.0.0.1 (rank r at MASTER_PORT + 1 + r), else
+    gathered at MASTER_ADDR:MASTER_PORT, which is then required (`start_with`: the launcher's way to set it)."""
+    size, local, local_size = ranks.world_size, ranks.local_rank, ranks.local_world_size
+    port = count(env, "MASTER_PORT", "the rendezvous port", minimum=1) or DEFAULT_PORT
+    if size == 1 or local_size == size:  # one node: every rank on this host
+        ranks = Ranks(ranks.rank, size, ranks.rank, size)
+        return resolver.from_ranks(env, roles, ranks, block_addresses(["127.0.0.1"], [size], port + 1))
+    addr = (env.get("MASTER_ADDR") or "").strip()
+    if not addr:
+        span = "on several nodes" if local_size else f"of {size} ranks, not known to be on one node"
+        raise SchedulerError(
+            f"{rank_var}={ranks.rank}: {job} {span} needs MASTER_ADDR, the host of rank 0, where the ranks gather "
+            f"their addresses (one rank's environment does not say where the others run); start it with {start_with}"
+        )
+    own = None if local is None else port + 1 + local
+    return resolver.from_ranks(env, roles, ranks, None, own, f"{addr}:{port}")
