@@ -74,7 +74,8 @@ def synthetic_cifar10(n_train: int = 6000, n_test: int = 1000, seed: int = 0):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[towerflow.cluster_flags()],
+                                allow_abbrev=False)
     p.add_argument("--data", default=None, help="cifar-10-batches-py folder; synthetic data when left out")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch-size", "--batch_size", type=int, default=128, help="global batch size")

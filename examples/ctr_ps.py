@@ -120,7 +120,8 @@ def evaluate(model: nn.Module, data, device, chunk: int = 8192) -> float:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[towerflow.cluster_flags()],
+                                allow_abbrev=False)
     p.add_argument("--rows", type=int, default=1_000_000, help="rows (ids) per embedding table")
     p.add_argument("--tables", type=int, default=26, help="categorical features, one table each")
     p.add_argument("--dim", type=int, default=16, help="embedding dimension")
@@ -136,8 +137,7 @@ def parse_args(argv=None):
     p.add_argument("--save-checkpoint-steps", "--save_checkpoint_steps", type=int, default=0,
                    help="the chief checkpoints every N global steps (with --logdir; 0: never — at 1M rows a "
                         "checkpoint of 26 tables and their optimizer state is gigabytes)")
-    args, _ = p.parse_known_args(argv)  # the cluster flags (--ps_hosts ...) are the Server's
-    return args
+    return p.parse_args(argv)  # the cluster flags (--ps_hosts ...) are accepted here and read by the Server
 
 
 def main(argv=None):

@@ -11,7 +11,7 @@ import torch
 
 import towerflow
 
-parser = argparse.ArgumentParser()
+parser = argparse.ArgumentParser(allow_abbrev=False)
 parser.add_argument("--fraction", type=float, default=0.4, help="per_process_gpu_memory_fraction")
 parser.add_argument("--no-growth", action="store_true", help="allow_growth=False: reserve the memory up front")
 parser.add_argument("--visible", default=None, help="visible_device_list, e.g. '0' or '1,0'")

@@ -33,7 +33,8 @@ class Line(nn.Module):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[towerflow.cluster_flags()],
+                                allow_abbrev=False)
     p.add_argument("--epochs", type=int, default=20, help="passes over the 101 samples, per worker")
     p.add_argument("--steps", type=int, default=None, help="stop at this global step instead")
     p.add_argument("--batch-size", "--batch_size", type=int, default=1)
@@ -44,8 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"))
     # seed 4 draws noise whose least-squares line is within 0.01 of the true one, so the check measures training
     p.add_argument("--seed", type=int, default=4)
-    args, _ = p.parse_known_args(argv)  # the cluster flags (--ps_hosts ...) are the Server's
-    return args
+    return p.parse_args(argv)  # the cluster flags (--ps_hosts ...) are accepted here and read by the Server
 
 
 def main(argv=None):

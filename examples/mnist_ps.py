@@ -49,7 +49,8 @@ def build_model(side: int) -> nn.Module:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[towerflow.cluster_flags()],
+                                allow_abbrev=False)
     p.add_argument("--data", default=os.environ.get("TOWERFLOW_DATA"), help="folder with MNIST t10k IDX files")
     p.add_argument("--steps", type=int, default=600, help="global steps")
     p.add_argument("--batch-size", "--batch_size", type=int, default=64, help="global batch size, split across workers")
@@ -67,8 +68,7 @@ def parse_args(argv=None):
     p.add_argument("--save-checkpoint-steps", "--save_checkpoint_steps", type=int, default=100,
                    help="the chief checkpoints the ps state every N global steps (with --logdir)")
     p.add_argument("--seed", type=int, default=0)
-    args, _ = p.parse_known_args(argv)  # the cluster flags (--ps_hosts ...) are the Server's
-    return args
+    return p.parse_args(argv)  # the cluster flags (--ps_hosts ...) are accepted here and read by the Server
 
 
 def main(argv=None):

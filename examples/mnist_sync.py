@@ -31,7 +31,8 @@ def build_model(side: int) -> nn.Module:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[towerflow.cluster_flags()],
+                                allow_abbrev=False)
     p.add_argument("--data", default=os.environ.get("TOWERFLOW_DATA"), help="folder with MNIST t10k IDX files")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--batch-size", "--batch_size", type=int, default=64, help="global batch size")

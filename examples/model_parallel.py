@@ -13,7 +13,7 @@ import torch.nn as nn
 
 import towerflow
 
-parser = argparse.ArgumentParser()
+parser = argparse.ArgumentParser(allow_abbrev=False)
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--seed", type=int, default=0)

@@ -36,9 +36,10 @@ def count_inside(n: int, seed: int) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[towerflow.cluster_flags()], allow_abbrev=False)
     parser.add_argument("--samples", type=int, default=10_000_000, help="samples in all, split across the tasks")
-    args, _ = parser.parse_known_args()
+    args = parser.parse_args()
     server = towerflow.Server()
     if server.is_chief:
         tasks = server.cluster.tasks()

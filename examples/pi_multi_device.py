@@ -53,9 +53,10 @@ def report(inside: int, samples: int, seconds: float, where) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[towerflow.cluster_flags()], allow_abbrev=False)
     parser.add_argument("--samples", type=int, default=10_000_000)
-    args, _ = parser.parse_known_args()
+    args = parser.parse_args()
     if "TF_CONFIG" not in os.environ:
         single_process(args.samples)
         return

@@ -48,6 +48,7 @@ _LAZY = {
                                                      "is_gpu_available", "list_devices"]),
     "DeviceSpec": "towerflow.devices.spec",
     "ClusterSpec": "towerflow.cluster.spec",
+    "cluster_flags": "towerflow.cluster.spec",
     "Server": "towerflow.cluster.server",
     **_lazy.names_from("towerflow.cluster.remote", ["RemoteFuture", "function", "remote"]),
     **_lazy.names_from("towerflow.placement", ["OpInfo", "PlacementLog", "PlacementRecord", "device", "placement_log"]),

@@ -312,11 +312,20 @@ def parse_tf_config(text: str) -> Tuple[Dict, Optional[str], Optional[int]]:
     return _taskenv.parse_tf_config(text)
 
 
-def _flag_parser() -> argparse.ArgumentParser:
+def cluster_flags() -> argparse.ArgumentParser:
+    """The seeds' cluster flags (`--ps_hosts`, `--worker_hosts`, `--chief_hosts`, `--job_name`, `--task_index`)
+    as an argparse parent: `ArgumentParser(parents=[towerflow.cluster_flags()])` accepts them by name (the
+    Server reads them from sys.argv) and still refuses every flag it does not know."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    g = p.add_argument_group("cluster (TensorFlow's flags; read by towerflow.Server)")
     for name in ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_index"):
-        p.add_argument(f"--{name}", f"-{name}", f"--{name.replace('_', '-')}", dest=name)
+        g.add_argument(f"--{name}", f"-{name}", f"--{name.replace('_', '-')}", dest=name, metavar=name.upper(),
+                       help=argparse.SUPPRESS if name == "chief_hosts" else None)
     return p
+
+
+def _flag_parser() -> argparse.ArgumentParser:
+    return cluster_flags()
 
 
 def parse_flags(argv: Optional[Sequence[str]] = None) -> Tuple[Optional[ClusterSpec], Optional[str], Optional[int]]:

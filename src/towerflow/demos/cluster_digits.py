@@ -48,7 +48,7 @@ def _show_placement(model: nn.Module, sample: torch.Tensor) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--data", default=None, help="folder with MNIST-t10k IDX files (default: scikit-learn digits)")
     parser.add_argument("--steps", type=int, default=1500, help="global steps (both workers' pushes count)")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=32, help="per worker")
