@@ -5,6 +5,13 @@
     towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 1000000                     # async
     towerflow launch --ps 2 --workers 2 --mode sync --replicas-to-aggregate 1 examples/ctr_ps.py --rows 1000000
     towerflow launch --ps 2 --workers 2 --mode ssp --staleness 2 examples/ctr_ps.py --rows 1000000
+    towerflow launch --ps 1 --workers 2 examples/ctr_ps.py --data DIR --rows 100000   # from files
+
+With `--data DIR` the model trains from click-log files instead: DIR/train holds Criteo's TSV
+(label, 13 integers, 26 hex categoricals), Parquet or Arrow IPC files, each worker reading its share
+of them (`strategy.distribute_files`), and the AUC is measured on every record of DIR/test (Criteo's
+convention: the last day held out). `python -m towerflow.data.write_ctr DIR --format parquet` writes
+the synthetic data below as such files, its test set included.
 
 The data (towerflow.data.synthetic_ctr) has 13 dense and 26 categorical features whose ids
 follow a power law; labels come from a planted model, so the chief can say how close the
@@ -33,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import towerflow
-from towerflow.data import auc, synthetic_ctr
+from towerflow.data import auc, read_all, synthetic_ctr
 from towerflow.training import save_metrics
 
 
@@ -110,10 +117,10 @@ def wire_minimum(cats: torch.Tensor, dim: int, dense_bytes: int) -> int:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data, device, chunk: int = 8192) -> float:
-    """AUC of the model's scores on the data's fixed test set."""
+def evaluate(model: nn.Module, test_set, device, chunk: int = 8192) -> float:
+    """AUC of the model's scores on a held-out (dense, cats, labels)."""
     model.eval()
-    dense, cats, labels = data.test_set()
+    dense, cats, labels = test_set
     scores = torch.cat([model(d.to(device), c.to(device)).cpu() for d, c in zip(dense.split(chunk), cats.split(chunk))])
     model.train()
     return auc(scores, labels)
@@ -133,6 +140,12 @@ def parse_args(argv=None):
                    help="learning rate of the embedding tables (default: per optimizer, (dense, tables): %s)" % DEFAULT_LR)
     p.add_argument("--seed", type=int, default=0, help="seeds the planted model, the data streams and the init")
     p.add_argument("--test-size", "--test_size", type=int, default=100_000, help="held-out samples for the AUC")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="train from the files of DIR/train (Criteo TSV, Parquet or Arrow) and test on DIR/test")
+    p.add_argument("--format", default=None, choices=["criteo", "parquet", "arrow"],
+                   help="the files' format (default: from their extension; anything but .parquet/.arrow is Criteo TSV)")
+    p.add_argument("--shuffle-window", "--shuffle_window", type=int, default=16384,
+                   help="records shuffled together while reading files (0: in file order)")
     p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"), help="checkpoints, metrics.jsonl, results")
     p.add_argument("--save-checkpoint-steps", "--save_checkpoint_steps", type=int, default=0,
                    help="the chief checkpoints every N global steps (with --logdir; 0: never — at 1M rows a "
@@ -145,17 +158,25 @@ def main(argv=None):
     towerflow.set_seed(args.seed)
     torch.sparse.check_sparse_tensor_invariants.disable()  # opt out of per-step checks of the sparse gradients
     strategy = towerflow.strategy_from_env()
-    data = synthetic_ctr(args.rows, args.tables, seed=args.seed, test_size=args.test_size)
-    strategy.print(f"{strategy}; data {data}")
+    if args.data and args.tables != 26:
+        raise SystemExit(f"--tables {args.tables} with --data: Criteo-format files have 26 categorical columns")
+    data = None if args.data else synthetic_ctr(args.rows, args.tables, seed=args.seed, test_size=args.test_size)
+    rows_per_table = [args.rows] * args.tables
+    strategy.print(f"{strategy}; data {data or os.path.join(args.data, 'train')}")
 
-    model = DLRM(data.rows_per_table, data.num_dense, args.dim, table_device=strategy.table_device)
+    model = DLRM(rows_per_table, 13, args.dim, table_device=strategy.table_device)
     dense_bytes = sum(p.numel() * p.element_size() for p in model.dense_parameters())
     lr, table_lr = DEFAULT_LR[args.optimizer]
     lr, table_lr = lr if args.lr is None else args.lr, table_lr if args.table_lr is None else args.table_lr
     optimizer, rows = make_optimizer(model, args.optimizer, lr, table_lr)
     model, optimizer = strategy.setup(model, optimizer, sparse_optimizer=rows)
-    stream = data.batches(args.batch_size, worker=strategy.replica_id, num_workers=strategy.num_replicas_in_sync,
-                          seed=args.seed)
+    if args.data:
+        files = strategy.distribute_files(os.path.join(args.data, "train"), args.format, args.batch_size, rows_per_table,
+                                          shuffle_window=args.shuffle_window, seed=args.seed)
+        stream = iter(files)
+    else:
+        stream = data.batches(args.batch_size, worker=strategy.replica_id, num_workers=strategy.num_replicas_in_sync,
+                              seed=args.seed)
 
     def train_step(dense, cats, labels):
         optimizer.zero_grad()
@@ -186,14 +207,17 @@ def main(argv=None):
         return None
     if strategy.shared_variables:
         strategy.wait_for_workers()  # evaluate the final variables
-    test_auc = evaluate(model, data, strategy.device)
+    test_set = read_all(os.path.join(args.data, "test"), args.format, rows_per_table) if args.data else data.test_set()
+    test_auc = evaluate(model, test_set, strategy.device)
+    best = data.best_auc if data is not None else None
     if args.logdir:
-        save_metrics(args.logdir, {"test_auc": test_auc, "best_auc": data.best_auc, "steps": steps,
+        save_metrics(args.logdir, {"test_auc": test_auc, "best_auc": best, "steps": steps,
                                    "global_step": strategy.global_step, "wire": wire})
-    print(f"test auc: {test_auc:.4f} (best possible: {data.best_auc:.4f})", flush=True)
+    held_out = f"best possible: {best:.4f}" if best is not None else f"{len(test_set[2])} held-out records"
+    print(f"test auc: {test_auc:.4f} ({held_out})", flush=True)
     print(wire, flush=True)
     strategy.shutdown()
-    return test_auc, data.best_auc
+    return test_auc, best
 
 
 def _wire_line(strategy, steps: int, minimum: int) -> str:

@@ -32,12 +32,6 @@ def test_a_mistyped_flag_is_refused_and_the_seeds_cluster_flags_are_accepted(nam
     assert args.seed == 3 and args.job_name == "worker" and args.task_index == "1"
 
 
-def test_the_ctr_example_refuses_data_it_cannot_read_yet(capsys):
-    with pytest.raises(SystemExit):
-        _module("ctr_ps").parse_args(["--data", "criteo/"])
-    assert "unrecognized arguments: --data criteo/" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("name", ["pi_distributed", "pi_multi_device"])
 def test_the_pi_examples_refuse_a_mistyped_flag(name):
     out = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), "--sample", "10"], capture_output=True, text=True,

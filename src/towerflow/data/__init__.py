@@ -1,6 +1,9 @@
-"""Data: deterministic per-replica sharding, prefetch to device, the shared MNIST loader, synthetic CTR data."""
+"""Data: deterministic per-replica sharding, prefetch to device, the shared MNIST loader, synthetic CTR data,
+and click logs streamed from files."""
 
 from towerflow.data.ctr import SyntheticCTR, auc, synthetic_ctr
+from towerflow.data.file_formats import write_ctr_files
+from towerflow.data.file_stream import FileStream, read_all
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.mnist import Split, load_digits_split, load_mnist_or_digits, load_mnist_t10k, read_idx
 from towerflow.data.prefetch import DevicePrefetcher, copy_to_device
@@ -8,6 +11,9 @@ from towerflow.data.sharding import ShardBatch, ShardSampler
 
 __all__ = [
     "DevicePrefetcher",
+    "FileStream",
+    "read_all",
+    "write_ctr_files",
     "DistributedLoader",
     "ShardBatch",
     "ShardSampler",

@@ -225,6 +225,18 @@ class Strategy:
             on_batch=self._on_batch,
         )
 
+    def distribute_files(self, paths, format: str, batch_size: int, rows_per_table, shuffle_window: int = 0,
+                         seed: int = 0, on_bad_record: str = "error"):
+        """This worker's batches of click-log files (`towerflow.data.FileStream`): the files' row groups (or
+        text files) dealt round-robin over the workers, shuffled in windows of `shuffle_window` records, read
+        ahead by a thread; `batch_size` records per step per process (towers in one process share its files).
+        Formats: parquet, arrow, criteo."""
+        from towerflow.data.file_stream import FileStream
+
+        return FileStream(paths, format, batch_size, rows_per_table, worker=self.replica_id // self.towers_per_process,
+                          num_workers=self._num_shards, shuffle_window=shuffle_window, seed=seed,
+                          on_bad_record=on_bad_record)
+
     @property
     def _num_shards(self) -> int:
         return self.num_replicas_in_sync // self.towers_per_process

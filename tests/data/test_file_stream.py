@@ -1,0 +1,123 @@
+"""Training data from files: every record once per epoch across workers, positions that resume exactly,
+Criteo's text read as Criteo's users read it, and bad input named."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from towerflow.data import synthetic_ctr
+from towerflow.data.file_formats import write_ctr
+from towerflow.data.file_stream import FileStream
+from towerflow.errors import DataError
+
+ROWS = [1000] * 26
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The same 2,000 synthetic records as Parquet (4 files of 5 row groups), Arrow IPC and Criteo TSV (4 files)."""
+    data = synthetic_ctr(1000, seed=0, test_size=10)
+    made = {}
+    for fmt in ("parquet", "arrow", "criteo"):
+        folder = tmp_path_factory.mktemp(fmt)
+        stream = data.batches(250, seed=1)
+        for _ in range(4):
+            write_ctr(str(folder), [next(stream), next(stream)], fmt, row_group=100)
+        made[fmt] = str(folder)
+    return made
+
+
+def _rows(batch):
+    dense, cats, labels = batch
+    return [tuple(d.tolist()) + tuple(c.tolist()) + (float(label),) for d, c, label in zip(dense, cats, labels)]
+
+
+def _read_all(folder, fmt, workers, **kw):
+    """Every worker's first epoch: its batches until the first one of the next epoch."""
+    out = []
+    for w in range(workers):
+        s = FileStream(folder, fmt, 64, ROWS, worker=w, num_workers=workers, **kw)
+        got = []
+        for batch in s:
+            if s.epoch > 0:
+                break
+            got += _rows(batch)
+        out.append(got)
+    return out
+
+
+@pytest.mark.parametrize("fmt,workers", [("parquet", 2), ("parquet", 3), ("arrow", 2), ("criteo", 2)])
+def test_every_record_is_read_once_per_epoch_across_the_workers(files, fmt, workers):
+    everything = _read_all(files[fmt], fmt, 1)[0]
+    parts = _read_all(files[fmt], fmt, workers, shuffle_window=300, seed=7)
+    union = [r for p in parts for r in p]
+    assert len(union) == len(set(union)) == 2000
+    assert set(union) == set(everything)
+
+
+def test_a_resumed_stream_continues_exactly_where_the_first_stopped(files):
+    whole = FileStream(files["parquet"], "parquet", 64, ROWS, shuffle_window=300, seed=5)
+    expected = [b for b in itertools.islice(iter(whole), 25)]  # past the first epoch's 2,000 records
+    first = FileStream(files["parquet"], "parquet", 64, ROWS, shuffle_window=300, seed=5)
+    head = list(itertools.islice(iter(first), 7))
+    position = first.state_dict()
+    resumed = FileStream(files["parquet"], "parquet", 64, ROWS, shuffle_window=300, seed=5)
+    resumed.load_state_dict(position)
+    tail = list(itertools.islice(iter(resumed), 25 - 7))
+    for got, want in zip(head + tail, expected):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_a_position_of_another_worker_count_is_refused(files):
+    s = FileStream(files["parquet"], "parquet", 64, ROWS, worker=0, num_workers=2)
+    with pytest.raises(DataError, match="a position of worker 0 of 3 cannot resume worker 0 of 2"):
+        s.load_state_dict({"epoch": 0, "taken": 64, "worker": 0, "num_workers": 3})
+
+
+def test_parquet_and_arrow_give_back_the_records_as_written(files):
+    data = synthetic_ctr(1000, seed=0, test_size=10)
+    stream = data.batches(250, seed=1)
+    written = next(stream)
+    for fmt in ("parquet", "arrow"):
+        dense, cats, labels = next(iter(FileStream(files[fmt], fmt, 250, ROWS)))
+        assert torch.equal(dense, written[0]) and torch.equal(cats, written[1]) and torch.equal(labels, written[2])
+
+
+def test_criteo_text_is_read_as_criteo_users_read_it(tmp_path):
+    (tmp_path / "day_0").write_text(
+        "1\t0\t5\t\t-2" + "\t1" * 9 + "\t0000000a\t\t" + "\t".join(["ff"] * 24) + "\n"
+        "0" + "\t3" * 13 + "\t" + "\t".join(["00000001"] * 26) + "\n"
+    )
+    dense, cats, labels = next(iter(FileStream(str(tmp_path), "criteo", 2, [7] * 26)))
+    assert labels.tolist() == [1.0, 0.0]
+    assert dense[0, :4].tolist() == pytest.approx([0.0, math.log(6), 0.0, 0.0])  # empty: 0; negative: 0
+    assert dense[1].tolist() == pytest.approx([math.log(4)] * 13)
+    assert cats[0, :3].tolist() == [10 % 7, 0, 255 % 7]  # hex values into each table's rows; empty: row 0
+    assert cats[1].tolist() == [1] * 26
+
+
+def test_a_line_with_missing_columns_is_named_or_skipped_when_asked(tmp_path):
+    good = "1" + "\t1" * 13 + "\t" + "\t".join(["0a"] * 26) + "\n"
+    (tmp_path / "day_0").write_text(good + "0\t1\t2\n" + good)
+    with pytest.raises(DataError, match=r"day_0, line 2: 3 columns, expected 40"):
+        list(itertools.islice(iter(FileStream(str(tmp_path), "criteo", 2, [7] * 26)), 2))
+    s = FileStream(str(tmp_path), "criteo", 2, [7] * 26, on_bad_record="skip")
+    dense, cats, labels = next(iter(s))
+    assert len(labels) == 2 and s.bad_records == 1
+
+
+def test_a_categorical_that_is_not_hex_is_named(tmp_path):
+    (tmp_path / "day_0").write_text("1" + "\t1" * 13 + "\t" + "\t".join(["0a"] * 25 + ["xyz"]) + "\n")
+    with pytest.raises(DataError, match=r"column C26, record 0: 'xyz' is not a hex number"):
+        next(iter(FileStream(str(tmp_path), "criteo", 1, [7] * 26)))
+
+
+def test_an_empty_glob_and_too_few_files_are_named(tmp_path, files):
+    with pytest.raises(DataError, match="no files match .*nothing-\\*.parquet"):
+        FileStream(str(tmp_path / "nothing-*.parquet"), "parquet", 8, ROWS)
+    with pytest.raises(DataError, match="4 text files for 5 workers: worker 4 would read nothing"):
+        FileStream(files["criteo"], "criteo", 8, ROWS, worker=4, num_workers=5)
