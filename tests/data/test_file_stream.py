@@ -121,3 +121,38 @@ def test_an_empty_glob_and_too_few_files_are_named(tmp_path, files):
         FileStream(str(tmp_path / "nothing-*.parquet"), "parquet", 8, ROWS)
     with pytest.raises(DataError, match="4 text files for 5 workers: worker 4 would read nothing"):
         FileStream(files["criteo"], "criteo", 8, ROWS, worker=4, num_workers=5)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "criteo"])
+def test_memory_is_bounded_by_the_window_not_by_the_data(tmp_path, fmt):
+    """Four epochs of 42 MB of records through a 4,096-record window: the peak grows no more than for one
+    (Criteo text: pyarrow's allocator keeps about 100 MB it freed, the same for one epoch or many)."""
+    import os
+    import subprocess
+    import sys
+
+    from towerflow.data import write_ctr_files
+
+    write_ctr_files(synthetic_ctr(1000, seed=0, test_size=10), str(tmp_path), fmt, files=8, records_per_file=20000)
+    code = (
+        "import resource, sys\n"
+        "from towerflow.data import FileStream\n"
+        f"s = FileStream({str(tmp_path / 'train')!r}, {fmt!r}, 512, [1000] * 26, shuffle_window=4096)\n"
+        "before, n = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, 0\n"
+        "for batch in s:\n"
+        "    n += len(batch[2])\n"
+        "    if s.epoch >= int(sys.argv[1]): break\n"
+        "print(n, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    grown = {}
+    for epochs in (1, 4):
+        out = subprocess.run([sys.executable, "-c", code, str(epochs)], capture_output=True, text=True, env=env,
+                             timeout=120, check=True)
+        records, grown[epochs] = out.stdout.split()
+        assert int(records) >= 160_000 * epochs
+        grown[epochs] = float(grown[epochs])
+    data_mb = 160_000 * (13 * 4 + 26 * 8 + 4) / 2**20  # what one epoch's records take as tensors
+    assert grown[4] <= grown[1] + 8, grown
+    if fmt == "parquet":
+        assert grown[4] < data_mb, (grown, data_mb)
