@@ -161,7 +161,7 @@ def test_a_dlrm_gets_within_0_02_of_the_best_auc_in_200_steps(ctr_ps):
         optimizer.zero_grad()
         F.binary_cross_entropy_with_logits(model(dense, cats), labels).backward()
         optimizer.step()
-    assert ctr_ps.evaluate(model, data, torch.device("cpu")) > data.best_auc - 0.02
+    assert ctr_ps.evaluate(model, data.test_set(), torch.device("cpu")) > data.best_auc - 0.02
 
 
 def test_adam_steps_the_sparse_tables_and_the_dense_part(ctr_ps):
