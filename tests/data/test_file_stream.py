@@ -156,3 +156,49 @@ def test_memory_is_bounded_by_the_window_not_by_the_data(tmp_path, fmt):
     assert grown[4] <= grown[1] + 8, grown
     if fmt == "parquet":
         assert grown[4] < data_mb, (grown, data_mb)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "criteo"])
+@pytest.mark.parametrize("done", [7, 40])  # inside the first epoch (16 batches of 64 per worker), and in the third
+def test_a_worker_that_trained_n_batches_resumes_at_batch_n_plus_one(files, fmt, done):
+    """What a restarted worker does: its strategy says how many batches it trained, and its files go on there."""
+    def stream(**kw):
+        return FileStream(files[fmt], fmt, 64, ROWS, worker=1, num_workers=2, shuffle_window=300, seed=2, **kw)
+
+    uninterrupted = list(itertools.islice(iter(stream()), done + 3))
+    resumed = list(itertools.islice(iter(stream(resume=lambda: done)), 3))
+    for got, want in zip(resumed, uninterrupted[done:]):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_a_job_restored_from_a_checkpoint_reads_on_from_its_step(files, tmp_path):
+    """One process (as every replica of an all-reduce group): the restored global step is the batches read."""
+    import towerflow
+
+    def run(last_step):
+        strategy = towerflow.OneDeviceStrategy("/cpu:0")
+        model, optimizer = strategy.setup(torch.nn.Linear(13, 1), torch.optim.SGD(torch.nn.Linear(13, 1).parameters(), 0.1))
+        stream = strategy.distribute_files(files["parquet"], "parquet", 64, ROWS, shuffle_window=300, seed=4)
+        seen = []
+        with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, logdir=str(tmp_path),
+                                                hooks=[towerflow.StopAtStepHook(last_step=last_step)], save_checkpoint_steps=10,
+                                                save_checkpoint_secs=None, log_step_count_steps=0, progress=False,
+                                                save_summaries_steps=0) as session:
+            for dense, cats, labels in stream:
+                if session.should_stop():
+                    break
+                seen.append(cats[:, 0].tolist())
+
+                def step():
+                    optimizer.zero_grad()
+                    torch.nn.functional.mse_loss(model(dense).squeeze(1), labels).backward()
+                    optimizer.step()
+
+                session.run(step)
+        return seen
+
+    first = run(40)  # 40 steps: past the first epoch's 32 batches, checkpointed at 40
+    resumed = run(45)
+    expected = FileStream(files["parquet"], "parquet", 64, ROWS, shuffle_window=300, seed=4)
+    uninterrupted = [b[1][:, 0].tolist() for b, _ in zip(expected, range(45))]
+    assert first == uninterrupted[:40] and resumed == uninterrupted[40:45]

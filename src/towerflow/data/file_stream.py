@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -27,7 +27,7 @@ class FileStream:
 
     def __init__(self, paths: Union[str, Sequence[str]], format: Optional[str], batch_size: int, rows_per_table: Sequence[int],
                  worker: int = 0, num_workers: int = 1, shuffle_window: int = 0, seed: int = 0,
-                 on_bad_record: str = "error", read_ahead: int = 4):
+                 on_bad_record: str = "error", read_ahead: int = 4, resume: Optional[Callable[[], int]] = None):
         if batch_size < 1:
             raise DataError(f"batch_size={batch_size!r}: expected a positive number of records per batch")
         if on_bad_record not in ("error", "skip"):
@@ -45,6 +45,8 @@ class FileStream:
         self.seed, self.on_bad_record, self.read_ahead = seed, on_bad_record, read_ahead
         self.epoch, self.taken = 0, 0  # the position: records handed out in this epoch
         self.bad_records = 0
+        self._resume = resume  # batches already trained when iteration starts (a restarted worker's, asked then)
+        self._records: Optional[int] = None
 
     # ---- the position
     def state_dict(self) -> Dict[str, int]:
@@ -56,9 +58,33 @@ class FileStream:
                             f"worker {self.worker} of {self.num_workers}: the files are dealt to the workers anew then")
         self.epoch, self.taken = int(state["epoch"]), int(state["taken"])
 
+    def records_per_epoch(self) -> int:
+        """This worker's records in an epoch (text files are counted by reading them, once)."""
+        if self._records is None:
+            if all(u.records >= 0 for u in self.units):
+                self._records = sum(u.records for u in self.units)
+            else:
+                self._records = sum(b.num_rows for u in self.units
+                                    for b, _ in file_formats.read_part(u.path, u.part, self.format, 0, self.on_bad_record))
+        return self._records
+
+    def seek_batches(self, done: int) -> None:
+        """Go to the position after `done` batches from the start of training: where a worker that trained that
+        many stands (an epoch has ceil(records / batch_size) batches, its last one short)."""
+        records = self.records_per_epoch()
+        per_epoch = -(-records // self.batch_size)
+        if per_epoch == 0:
+            raise DataError(f"worker {self.worker} of {self.num_workers} has no records in {len(self.units)} units")
+        self.epoch, self.taken = done // per_epoch, (done % per_epoch) * self.batch_size
+
     # ---- batches
     def __iter__(self) -> Iterator[Batch]:
-        """Batches from the position on, epoch after epoch; the last batch of an epoch may be short."""
+        """Batches from the position on, epoch after epoch; the last batch of an epoch may be short. A stream
+        made with `resume` first goes to where the worker's training stands (a restarted or restored worker)."""
+        if self._resume is not None and (self.epoch, self.taken) == (0, 0):
+            done = self._resume()
+            if done:
+                self.seek_batches(done)
         q: "queue.Queue" = queue.Queue(self.read_ahead)
         stop = threading.Event()
         reader = threading.Thread(target=self._produce, args=(q, stop, self.epoch, self.taken),

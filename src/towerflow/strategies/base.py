@@ -230,12 +230,19 @@ class Strategy:
         """This worker's batches of click-log files (`towerflow.data.FileStream`): the files' row groups (or
         text files) dealt round-robin over the workers, shuffled in windows of `shuffle_window` records, read
         ahead by a thread; `batch_size` records per step per process (towers in one process share its files).
-        Formats: parquet, arrow, criteo."""
+        Formats: parquet, arrow, criteo. A worker that starts where training already stands (restarted, or the
+        job restored from a checkpoint) starts its files there too: `_batches_trained()`, asked when the first
+        batch is drawn."""
         from towerflow.data.file_stream import FileStream
 
         return FileStream(paths, format, batch_size, rows_per_table, worker=self.replica_id // self.towers_per_process,
                           num_workers=self._num_shards, shuffle_window=shuffle_window, seed=seed,
-                          on_bad_record=on_bad_record)
+                          on_bad_record=on_bad_record, resume=self._batches_trained)
+
+    def _batches_trained(self) -> int:
+        """Batches this process has trained in the run so far: one per global step when every replica steps
+        together (a restored checkpoint sets the step)."""
+        return self.global_step
 
     @property
     def _num_shards(self) -> int:

@@ -274,6 +274,11 @@ class ParameterServerStrategy(Strategy):
         self.steps.restore(step)
         return step
 
+    def _batches_trained(self) -> int:
+        """This worker's batches so far: its clock (pushes the ps tasks counted, kept across a restart), k batches
+        a push with local steps. A fresh worker of a job restored from a checkpoint starts at 0."""
+        return self.client.pushes * self.local_steps
+
     def shutdown(self) -> None:
         """finish(), then, when this strategy started the task's server, wait for the others and leave."""
         self.finish()

@@ -1,0 +1,67 @@
+"""A ps worker training from its share of Parquet files, logging the records of every batch it trained:
+python _files_task.py DIR DATA STEPS KILL_AT
+
+Records carry their id in column C1 (table 0 is as large as the ids). Each incarnation of worker w appends
+the ids of each batch it trained, a line per batch, to DIR/ids-<w>-<restart>.txt. Worker 1's first
+incarnation, once KILL_AT batches are trained and logged, writes its pid to DIR/kill-me and waits to be
+killed. The chief, after 10 steps, waits until worker 1's next incarnation has trained 3 batches, so the
+run ends with both having read past the kill.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import towerflow
+from towerflow import taskenv
+
+folder, data, steps, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ROWS = [1 << 20] + [1000] * 25
+
+
+def lines(path: str) -> int:
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+strategy = towerflow.strategy_from_env()
+worker, restart = strategy.replica_id, taskenv.current().restart_count
+torch.manual_seed(0)
+model = nn.Linear(13, 1)
+model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
+stream = strategy.distribute_files(data, "parquet", 32, ROWS, shuffle_window=128, seed=3)
+log = open(os.path.join(folder, f"ids-{worker}-{restart}.txt"), "a")
+trained = 0
+with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, hooks=[towerflow.StopAtStepHook(last_step=steps)],
+                                        save_checkpoint_secs=None, log_step_count_steps=0, progress=False) as session:
+    for dense, cats, labels in stream:
+        if session.should_stop():
+            break
+
+        def step():
+            optimizer.zero_grad()
+            F.binary_cross_entropy_with_logits(model(dense).squeeze(1), labels).backward()
+            optimizer.step()
+
+        session.run(step)
+        log.write(" ".join(map(str, cats[:, 0].tolist())) + "\n")
+        log.flush()
+        trained += 1
+        time.sleep(0.02)
+        if worker == 1 and restart == 0 and trained == kill_at:
+            with open(os.path.join(folder, "kill-me.tmp"), "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(os.path.join(folder, "kill-me.tmp"), os.path.join(folder, "kill-me"))
+            time.sleep(600)
+        if strategy.is_chief and trained == 10:
+            deadline = time.monotonic() + 90
+            while lines(os.path.join(folder, "ids-1-1.txt")) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+strategy.shutdown()

@@ -1,0 +1,56 @@
+"""A ps worker killed while reading its files goes on where it stood: its restarted incarnation reads the
+batches after the ones the ps counted from it, so each record of its share is trained once per epoch (the
+kill lands at a known batch: mid-epoch, and after the first epoch)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from _cluster_procs import HERE, wait_until
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+TASK = str(HERE.parent / "ps" / "_files_task.py")
+
+
+def _write_files(folder: Path) -> None:
+    """4 Parquet files of 256 records in row groups of 64, each record's id in C1."""
+    from towerflow.data.file_formats import write_ctr
+
+    g = torch.Generator().manual_seed(0)
+    for f in range(4):
+        ids = torch.arange(f * 256, (f + 1) * 256)
+        cats = torch.randint(0, 1000, (256, 26), generator=g)
+        cats[:, 0] = ids
+        write_ctr(str(folder), [(torch.randn(256, 13, generator=g), cats, (torch.rand(256, generator=g) < 0.3).float())],
+                  "parquet", row_group=64)
+
+
+def _batches(path: Path):
+    return [[int(i) for i in line.split()] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kill_at", [5, 21])  # worker 1 reads 16 batches an epoch: mid-epoch, and in the second
+def test_a_killed_worker_reads_on_from_the_batch_after_the_last_one_the_ps_counted(launcher, tmp_path, kill_at):
+    from towerflow.data import FileStream
+
+    data = tmp_path / "data"
+    _write_files(data)
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--max-restarts", "1", TASK,
+                          str(tmp_path), str(data), "70", str(kill_at))
+    wait_until(lambda: (tmp_path / "kill-me").exists() or run.popen.poll() is not None, 120, "worker 1 at its batch")
+    assert (tmp_path / "kill-me").exists(), run.describe()
+    os.kill(int((tmp_path / "kill-me").read_text()), signal.SIGKILL)
+    assert run.wait(180) == 0, run.describe()
+
+    first, second = _batches(tmp_path / "ids-1-0.txt"), _batches(tmp_path / "ids-1-1.txt")
+    assert len(first) == kill_at and len(second) >= 3, run.describe()
+    expected = FileStream(str(data), "parquet", 32, [1 << 20] + [1000] * 25, worker=1, num_workers=2,
+                          shuffle_window=128, seed=3)
+    uninterrupted = [b[1][:, 0].tolist() for b, _ in zip(expected, range(kill_at + len(second)))]
+    assert first == uninterrupted[:kill_at]
+    assert second == uninterrupted[kill_at:kill_at + len(second)]  # nothing trained twice, nothing skipped
