@@ -202,3 +202,16 @@ def test_a_job_restored_from_a_checkpoint_reads_on_from_its_step(files, tmp_path
     expected = FileStream(files["parquet"], "parquet", 64, ROWS, shuffle_window=300, seed=4)
     uninterrupted = [b[1][:, 0].tolist() for b, _ in zip(expected, range(45))]
     assert first == uninterrupted[:40] and resumed == uninterrupted[40:45]
+
+
+def test_the_metrics_records_carry_where_the_worker_stands_in_its_files(files, tmp_path):
+    import towerflow
+
+    strategy = towerflow.OneDeviceStrategy("/cpu:0")
+    model, optimizer = strategy.setup(torch.nn.Linear(13, 1), torch.optim.SGD(torch.nn.Linear(13, 1).parameters(), 0.1))
+    assert strategy.data_position() == {}
+    stream = strategy.distribute_files(files["parquet"], "parquet", 100, ROWS)
+    with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, progress=False) as session:
+        for _, _ in zip(range(3), stream):
+            pass
+        assert session.extra_metrics() == {"data_epoch": 0, "data_records": 300, "data_epoch_records": 2000}

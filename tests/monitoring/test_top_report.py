@@ -29,9 +29,9 @@ def test_reader_skips_the_torn_last_line(logdir):
 def test_top_rows_show_the_newest_values_per_task(logdir):
     rows = {r[0]: r for r in top.rows(read_metrics(str(logdir)), now=1010.0)}
     assert list(rows) == ["ps:0", "worker:0", "worker:1"]
-    # task, role, state, device, step, steps/s, loss, staleness, pushed, pulled, rows, mem, age
+    # task, role, state, device, step, steps/s, loss, staleness, pushed, pulled, rows, data, mem, age
     assert rows["worker:0"] == ["worker:0", "chief", "running", "CPU:0", "30", "11.0", "0.5000", "0.2 (max 1)",
-                                "2.0 MB", "4.0 MB", "-", "512", "6s"]
+                                "2.0 MB", "4.0 MB", "-", "-", "512", "6s"]
     assert rows["worker:1"][4:8] == ["24", "9.0", "1.5000", "1.3 (max 2)"]
     assert rows["ps:0"][5:8] == ["-", "-", "-"]
 
@@ -41,7 +41,16 @@ def test_top_renders_a_table_with_a_header(logdir):
     lines = text.splitlines()
     assert "3 tasks, 7 records" in lines[0] and "run running" in lines[0]
     assert lines[1].split() == ["task", "role", "state", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "rows", "(+in",
-                                 "-out)", "mem", "MiB", "age"]
+                                 "-out)", "data", "(epoch:", "read)", "mem", "MiB", "age"]
+
+
+def test_top_shows_where_each_worker_stands_in_its_files():
+    base = {"time": 1000.0, "step": 5, "role": "worker"}
+    records = [{**base, "task": "worker:0", "data_epoch": 1, "data_records": 250, "data_epoch_records": 1000},
+               {**base, "task": "worker:1", "data_epoch": 0, "data_records": 4096}]  # Criteo text: its size unknown
+    rows = {r[0]: r for r in top.rows(records, now=1001.0)}
+    column = top.COLUMNS.index("data (epoch: read)")
+    assert rows["worker:0"][column] == "1: 25%" and rows["worker:1"][column] == "0: 4,096"
 
 
 def test_report_summary_and_staleness_are_exact(logdir):

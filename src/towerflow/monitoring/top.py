@@ -17,7 +17,7 @@ from towerflow.monitoring.metrics import read_metrics
 from towerflow.monitoring.runstate import LAUNCHER, RunState, run_state
 
 COLUMNS = ("task", "role", "state", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled",
-           "rows (+in -out)", "mem MiB", "age")
+           "rows (+in -out)", "data (epoch: read)", "mem MiB", "age")
 _LEFT = 4  # the first columns are text (left-aligned), the others numbers
 
 
@@ -40,6 +40,15 @@ def _rate(r: Dict[str, Any]) -> str:
         if key in r:
             return f"{r[key]:.1f}"
     return "-"
+
+
+def _data(r: Dict[str, Any]) -> str:
+    """A worker's position in its files: the epoch and the share of it read (records where the size is unknown)."""
+    if "data_epoch" not in r:
+        return "-"
+    size = r.get("data_epoch_records")
+    read = f"{100 * r['data_records'] / size:.0f}%" if size else f"{r['data_records']:,}"
+    return f"{r['data_epoch']}: {read}"
 
 
 def _bytes(n: Optional[float]) -> str:
@@ -94,6 +103,7 @@ def rows(records: List[Dict[str, Any]], now: Optional[float] = None, state: Opti
             _bytes(r.get("bytes_pushed")),
             _bytes(r.get("bytes_pulled")),
             _rows(r),
+            _data(r),
             str(r.get("device_memory_mib", "-")),
             f"{max(0.0, now - r['time']):.0f}s",
         ])

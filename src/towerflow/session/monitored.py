@@ -172,6 +172,9 @@ class MonitoredTrainingSession:
         """Fields a strategy adds to each metrics record (staleness, bytes moved), and device memory."""
         extra = getattr(self.strategy, "metrics", None)
         values = _record_fields(extra()) if callable(extra) else {}
+        position = getattr(self.strategy, "data_position", None)
+        if callable(position):
+            values.update(position())
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             values.setdefault("device_memory_mib", torch.cuda.memory_allocated() >> 20)
         return values

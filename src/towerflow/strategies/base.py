@@ -235,9 +235,22 @@ class Strategy:
         batch is drawn."""
         from towerflow.data.file_stream import FileStream
 
-        return FileStream(paths, format, batch_size, rows_per_table, worker=self.replica_id // self.towers_per_process,
-                          num_workers=self._num_shards, shuffle_window=shuffle_window, seed=seed,
-                          on_bad_record=on_bad_record, resume=self._batches_trained)
+        self.file_stream = FileStream(paths, format, batch_size, rows_per_table,
+                                      worker=self.replica_id // self.towers_per_process, num_workers=self._num_shards,
+                                      shuffle_window=shuffle_window, seed=seed, on_bad_record=on_bad_record,
+                                      resume=self._batches_trained)
+        return self.file_stream
+
+    def data_position(self) -> dict:
+        """Where this worker's files stand (the last `distribute_files` stream): epoch, records read in it, and
+        the epoch's size where known without reading; {} without a stream. The metrics records carry it."""
+        stream = getattr(self, "file_stream", None)
+        if stream is None:
+            return {}
+        out = {"data_epoch": stream.epoch, "data_records": stream.taken}
+        if all(u.records >= 0 for u in stream.units):
+            out["data_epoch_records"] = stream.records_per_epoch()
+        return out
 
     def _batches_trained(self) -> int:
         """Batches this process has trained in the run so far: one per global step when every replica steps
