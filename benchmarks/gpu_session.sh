@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 19 asks of a GPU machine, in parts that each fit one 10-minute device command.
+# Everything a GPU machine is asked to check, in parts that each fit one 10-minute device command.
 # Run from the repository root on the GPU machine (its python3 has CUDA PyTorch; towerflow runs
 # from the working tree, never installed). Results go under $OUT (default ./gpu-results).
 #
