@@ -1,6 +1,7 @@
 """A ps worker killed while reading its files goes on where it stood: its restarted incarnation reads the
 batches after the ones the ps counted from it, so each record of its share is trained once per epoch (the
-kill lands at a known batch: mid-epoch, and after the first epoch)."""
+kill lands at a known batch: mid-epoch, and after the first epoch). A whole job restored from a checkpoint
+goes on where the checkpoint's clocks say each worker stood."""
 
 from __future__ import annotations
 
@@ -34,10 +35,16 @@ def _batches(path: Path):
     return [[int(i) for i in line.split()] for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("kill_at", [5, 21])  # worker 1 reads 16 batches an epoch: mid-epoch, and in the second
-def test_a_killed_worker_reads_on_from_the_batch_after_the_last_one_the_ps_counted(launcher, tmp_path, kill_at):
+def _uninterrupted(data: Path, worker: int, n: int):
     from towerflow.data import FileStream
 
+    stream = FileStream(str(data), "parquet", 32, [1 << 20] + [1000] * 25, worker=worker, num_workers=2,
+                        shuffle_window=128, seed=3)
+    return [b[1][:, 0].tolist() for b, _ in zip(stream, range(n))]
+
+
+@pytest.mark.parametrize("kill_at", [5, 21])  # worker 1 reads 16 batches an epoch: mid-epoch, and in the second
+def test_a_killed_worker_reads_on_from_the_batch_after_the_last_one_the_ps_counted(launcher, tmp_path, kill_at):
     data = tmp_path / "data"
     _write_files(data)
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--max-restarts", "1", TASK,
@@ -49,8 +56,40 @@ def test_a_killed_worker_reads_on_from_the_batch_after_the_last_one_the_ps_count
 
     first, second = _batches(tmp_path / "ids-1-0.txt"), _batches(tmp_path / "ids-1-1.txt")
     assert len(first) == kill_at and len(second) >= 3, run.describe()
-    expected = FileStream(str(data), "parquet", 32, [1 << 20] + [1000] * 25, worker=1, num_workers=2,
-                          shuffle_window=128, seed=3)
-    uninterrupted = [b[1][:, 0].tolist() for b, _ in zip(expected, range(kill_at + len(second)))]
+    uninterrupted = _uninterrupted(data, 1, kill_at + len(second))
     assert first == uninterrupted[:kill_at]
     assert second == uninterrupted[kill_at:kill_at + len(second)]  # nothing trained twice, nothing skipped
+
+
+def test_a_job_restored_from_a_checkpoint_reads_on_where_its_clocks_say(launcher, tmp_path):
+    data, logdir = tmp_path / "data", tmp_path / "ckpt"
+    _write_files(data)
+    runs = []
+    for label, steps in (("one", 40), ("two", 60)):
+        (tmp_path / label).mkdir()
+        run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", TASK, str(tmp_path / label),
+                              str(data), str(steps), "0", str(logdir))
+        assert run.wait(120) == 0, run.describe()
+        runs.append(run)
+    for worker in (0, 1):
+        before, after = _batches(tmp_path / "one" / f"ids-{worker}-0.txt"), _batches(tmp_path / "two" / f"ids-{worker}-0.txt")
+        uninterrupted = _uninterrupted(data, worker, len(before) + len(after) + 2)
+        assert before == uninterrupted[:len(before)] and after, runs[1].describe()
+        # the checkpoint at the chief's last step holds each worker's clock; a worker's pushes after it are lost
+        # with the model's state they made, and its batches read again
+        start = next((c for c in range(len(before), max(-1, len(before) - 3), -1)
+                      if after == uninterrupted[c:c + len(after)]), None)
+        assert start is not None, f"worker {worker}: job two started at none of batches {len(before) - 2}..{len(before)}"
+
+
+def test_a_job_restored_on_another_number_of_workers_is_refused_naming_both(launcher, tmp_path):
+    data, logdir = tmp_path / "data", tmp_path / "ckpt"
+    _write_files(data)
+    codes = []
+    for label, workers, steps in (("two", "2", "30"), ("three", "3", "60")):
+        (tmp_path / label).mkdir()
+        run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", workers, TASK, str(tmp_path / label),
+                              str(data), steps, "0", str(logdir))
+        codes.append(run.wait(120))
+    assert codes[0] == 0 and codes[1] != 0, run.describe()
+    assert "restored from a checkpoint of 2 workers and runs 3" in run.err, run.describe()

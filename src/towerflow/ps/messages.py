@@ -175,3 +175,4 @@ class Rejoined:
     global_step: int
     pushes: int
     finished: bool
+    restored_workers: Optional[int] = None  # the workers of the checkpoint this ps restored, if it restored one

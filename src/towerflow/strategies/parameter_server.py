@@ -275,9 +275,19 @@ class ParameterServerStrategy(Strategy):
         return step
 
     def _batches_trained(self) -> int:
-        """This worker's batches so far: its clock (pushes the ps tasks counted, kept across a restart), k batches
-        a push with local steps. A fresh worker of a job restored from a checkpoint starts at 0."""
-        return self.client.pushes * self.local_steps
+        """This worker's batches so far: its clock, the pushes the ps tasks counted from it (k batches a push with
+        local steps). A restarted worker learned it when it rejoined; a fresh one asks, since the job may have
+        been restored from a checkpoint, which keeps the clocks."""
+        if self.client.pushes:
+            return self.client.pushes * self.local_steps
+        at_ps = self.client.clock_at_ps()
+        if at_ps.restored_workers not in (None, self.num_replicas_in_sync):
+            raise ParameterServerError(
+                f"this job was restored from a checkpoint of {at_ps.restored_workers} workers and runs "
+                f"{self.num_replicas_in_sync}: where each worker stood in its files cannot be carried across worker "
+                "counts (the files are dealt anew); restore with the same number of workers, or start the files "
+                "over by reading them with towerflow.data.FileStream yourself")
+        return at_ps.pushes * self.local_steps
 
     def shutdown(self) -> None:
         """finish(), then, when this strategy started the task's server, wait for the others and leave."""

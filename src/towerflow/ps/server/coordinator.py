@@ -85,6 +85,7 @@ class Coordinator:
         self.dropped = 0
         self.dropped_by_worker: Dict[int, int] = collections.Counter()
         self.pushes_by_worker: Dict[int, int] = collections.Counter()
+        self.restored_workers: Optional[int] = None
         self.staleness: Dict[int, int] = collections.Counter()  # staleness -> applied gradients
         self.max_staleness = 0
         self._repeating: set = set()  # sync: restarted workers whose gradient of this step is already held
@@ -164,6 +165,7 @@ class Coordinator:
         """Go back to a checkpoint: its step and clocks; held gradients are discarded and every
         waiting pull goes (with the restored values), since what it waited for no longer comes."""
         self.global_step = int(global_step)
+        self.restored_workers = len(clocks) or None  # a checkpoint's worker count (its clocks name every worker)
         for w in range(self.num_workers):
             self.clocks[w] = self.pushes_by_worker[w] = int(clocks.get(w, 0))
         self.held = []

@@ -316,7 +316,8 @@ class ShardService:
                 finished = self.coordinator.rejoin(worker)
             else:
                 finished = worker not in self.coordinator.active
-            return Rejoined(self.coordinator.global_step, self.coordinator.pushes_by_worker[worker], finished)
+            return Rejoined(self.coordinator.global_step, self.coordinator.pushes_by_worker[worker], finished,
+                            self.coordinator.restored_workers)
 
     # ---- checkpoints
     def state_dict(self) -> dict:
