@@ -324,15 +324,11 @@ def cluster_flags() -> argparse.ArgumentParser:
     return p
 
 
-def _flag_parser() -> argparse.ArgumentParser:
-    return cluster_flags()
-
-
 def parse_flags(argv: Optional[Sequence[str]] = None) -> Tuple[Optional[ClusterSpec], Optional[str], Optional[int]]:
     """The seeds' flags in argv -> (spec or None, job_name or None, task_index or None); others ignored."""
     import sys
 
-    args, _ = _flag_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    args, _ = cluster_flags().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     cluster = {}
     for job in ("chief", "ps", "worker"):
         hosts = getattr(args, f"{job}_hosts")

@@ -18,7 +18,7 @@ Subclasses override `_wrap_model` (how gradients are combined) and may override
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Tuple
 
 import torch
 from torch.utils.data import Dataset, IterableDataset
@@ -27,6 +27,9 @@ from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
 from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
+
+if TYPE_CHECKING:
+    from towerflow.data.file_stream import FileStream
 
 MIXED_PRECISION = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 VARIABLES_ON = ("device", "cpu")
@@ -70,6 +73,8 @@ class Strategy:
     # Replicas that read one shard of the data together: the towers of one process
     # (TowersStrategy); the loader shards by process, the towers split its batches.
     towers_per_process = 1
+    # The stream of the last `distribute_files` (its position goes into the metrics records); None before.
+    file_stream: Optional["FileStream"] = None
 
     def __init__(
         self,
@@ -244,7 +249,7 @@ class Strategy:
     def data_position(self) -> dict:
         """Where this worker's files stand (the last `distribute_files` stream): epoch, records read in it, and
         the epoch's size where known without reading; {} without a stream. The metrics records carry it."""
-        stream = getattr(self, "file_stream", None)
+        stream = self.file_stream
         if stream is None:
             return {}
         out = {"data_epoch": stream.epoch, "data_records": stream.taken}
