@@ -120,6 +120,13 @@ class Heartbeat:
             if t.is_alive() and t is not threading.current_thread():
                 t.join(2 * self.every)
 
+    def release(self) -> None:
+        """After `finish` and the group's last barrier: let go of the store connection (rank 0: the group's
+        store itself) now, so that it is closed while the process runs, not among the objects torn down at
+        interpreter exit; kept while a beat thread still uses it."""
+        if self._stop.is_set() and not any(t.is_alive() for t in self._threads):
+            self._store = None
+
     def _beat(self) -> None:
         seen: Dict[int, tuple] = {}  # rank -> (beat count, when it last changed)
         while not self._stop.wait(self.every):

@@ -212,8 +212,10 @@ class MirroredStrategy(LocalTablesStrategy):
             dist.barrier(**({"device_ids": [self.device.index]} if self.backend == "nccl" else {}))
 
     def shutdown(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.finish()
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is not None:
+            heartbeat.finish()
+            atexit.unregister(heartbeat.finish)
         if self._owns_group and dist.is_initialized():
             # Every replica reaches here before any tears down: a replica destroying its group
             # (and rank 0 taking the rendezvous store with it) while a peer is still mid-collective
@@ -221,3 +223,5 @@ class MirroredStrategy(LocalTablesStrategy):
             self.barrier()
             dist.destroy_process_group()
         self._owns_group = False
+        if heartbeat is not None:
+            heartbeat.release()
