@@ -59,6 +59,7 @@ _LAZY = {
                                              "StopAtStepHook"]),
     **_lazy.names_from("towerflow.ps", ["Layout", "plan_layout"]),
     **_lazy.names_from("towerflow.training", ["Progress", "evaluate", "set_seed", "train_step"]),
+    **_lazy.names_from("towerflow.data.batch_facts", ["BatchFacts", "batch_facts"]),
 }
 # the subpackages a user reaches through the package's name (`towerflow.ps.SparseAdam`, `towerflow.training.save_metrics`)
 _SUBPACKAGES = ("cluster", "data", "devices", "monitoring", "placement", "ps", "session", "strategies", "training")
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from towerflow.cluster.remote import RemoteFuture, function, remote  # noqa: F401
     from towerflow.cluster.server import Server  # noqa: F401
     from towerflow.cluster.spec import ClusterSpec  # noqa: F401
+    from towerflow.data.batch_facts import BatchFacts, batch_facts  # noqa: F401
     from towerflow.devices.logical import (  # noqa: F401
         LogicalDevice,
         device_mapping,

@@ -32,13 +32,17 @@ def test_tensor_and_generic_datasets_give_the_same_batches_including_an_empty_on
     assert a == b
 
 
-def test_last_batch_and_callback_follow_consumption():
-    seen = []
-    loader = _loader(_ListDataset(7), on_batch=seen.append)
-    it = iter(loader)
-    next(it)
-    assert loader.last_batch.indices == (3,) and loader.last_batch.global_size == 4
-    assert [b.global_size for b in seen] == [4]
+def test_every_batch_carries_its_own_facts_whatever_its_structure():
+    weights = []
+    loader = _loader(_ListDataset(7), weigh=lambda b: weights.append(b) or len(b.indices) / 2)
+    first, second = list(loader)  # replica 3 of 4 over 7 samples: [3] of 4, then nothing of 3
+    assert towerflow.batch_facts(first) == towerflow.BatchFacts(1, 4, 0.5, is_last=False)
+    assert towerflow.batch_facts(second) == towerflow.BatchFacts(0, 3, 0.0, is_last=True)
+    assert towerflow.batch_facts(second).is_empty and len(weights) == 2
+    tensors = TensorDataset(torch.arange(7.0), torch.arange(7))
+    (x, y), _ = list(_loader(tensors))
+    assert towerflow.batch_facts(y).local_size == towerflow.batch_facts((x, y)).local_size == 1
+    assert towerflow.batch_facts((torch.ones(2), torch.ones(2))) is None  # a batch built by hand
 
 
 def test_forever_runs_across_epochs():

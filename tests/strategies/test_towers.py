@@ -189,7 +189,8 @@ def test_the_loader_reads_the_whole_global_batch_of_the_towers(towers):
     assert (s.num_replicas_in_sync, s.replica_id, s.is_chief) == (2, 0, True)
     data = torch.utils.data.TensorDataset(torch.arange(20.0))
     batches = [x for (x,) in s.distribute_loader(data, batch_size=4, shuffle=False)]
-    assert [len(b) for b in batches] == [8, 8, 4] and s.batch_weight == 1.0
+    assert [len(b) for b in batches] == [8, 8, 4]
+    assert [towerflow.batch_facts(b).weight for b in batches] == [1.0, 1.0, 1.0]
     assert s.reduce(3.0, "sum").item() == 3.0  # the process's value already covers every tower
 
 

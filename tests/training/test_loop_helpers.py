@@ -1,5 +1,6 @@
 """train_step, the synchronous optimizer wrapper, evaluation, progress output and seeds on one device."""
 
+import contextlib
 import io
 
 import pytest
@@ -65,6 +66,50 @@ def test_evaluate_counts_every_test_sample():
     assert metrics["samples"] == 20
     assert metrics["accuracy"] == pytest.approx((model(x).argmax(1) == y).float().mean().item())
     assert metrics["loss"] == pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)
+
+
+class _RecordingStrategy:
+    """The two things train_step asks of a strategy, recording the loss each backward got."""
+
+    def __init__(self):
+        self.backward_losses = []
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        self.backward_losses.append(loss.item())
+        loss.backward()
+
+
+def _replica_loader(size, global_batch, replica):
+    sampler = towerflow.data.ShardSampler(size, global_batch, 2, replica, shuffle=False)
+    data = TensorDataset(torch.randn(size, 4), torch.randint(0, 3, (size,)))
+    weigh = lambda b: len(b.indices) * 2 / b.global_size  # noqa: E731  (the synchronous strategies' share)
+    return towerflow.data.DistributedLoader(data, sampler, torch.device("cpu"), weigh=weigh)
+
+
+def test_a_held_batch_keeps_its_own_weight_while_another_loader_runs():
+    """Evaluating (or reading ahead) between taking a batch and training it must not reweigh it."""
+    strategy, model = _RecordingStrategy(), torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_batch = next(iter(_replica_loader(8, 4, replica=1)))  # 2 of 4 samples: weight 1
+    uneven = list(_replica_loader(7, 4, replica=1))  # its tail: 1 of 3 samples, weight 2/3
+    loss = towerflow.train_step(strategy, model, opt, train_batch, F.cross_entropy)
+    assert strategy.backward_losses == [pytest.approx(loss.item())]
+    x, y = uneven[-1]
+    expected = F.cross_entropy(model(x), y).item() * 2 / 3
+    towerflow.train_step(strategy, model, opt, uneven[-1], F.cross_entropy)
+    assert strategy.backward_losses[1] == pytest.approx(expected)
+
+
+def test_an_empty_batch_still_steps_with_a_zero_loss():
+    strategy, model = _RecordingStrategy(), torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    empty = list(_replica_loader(5, 4, replica=1))[-1]  # a tail of 1 sample over 2 replicas: none for replica 1
+    assert towerflow.batch_facts(empty).is_empty
+    towerflow.train_step(strategy, model, opt, empty, F.cross_entropy)
+    assert strategy.backward_losses == [0.0] and all(p.grad is not None for p in model.parameters())
 
 
 def test_progress_prints_plain_lines_off_a_terminal():

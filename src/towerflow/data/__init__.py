@@ -1,6 +1,7 @@
 """Data: deterministic per-replica sharding, prefetch to device, the shared MNIST loader, synthetic CTR data,
 and click logs streamed from files."""
 
+from towerflow.data.batch_facts import BatchFacts, batch_facts
 from towerflow.data.ctr import SyntheticCTR, auc, synthetic_ctr
 from towerflow.data.file_formats import write_ctr_files
 from towerflow.data.file_stream import FileStream, read_all
@@ -10,6 +11,8 @@ from towerflow.data.prefetch import DevicePrefetcher, copy_to_device
 from towerflow.data.sharding import ShardBatch, ShardSampler
 
 __all__ = [
+    "BatchFacts",
+    "batch_facts",
     "DevicePrefetcher",
     "FileStream",
     "read_all",

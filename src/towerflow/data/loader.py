@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, List, Optional
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from towerflow.data.batch_facts import BatchFacts, attach
 from towerflow.data.prefetch import DevicePrefetcher, _map_tensors
 from towerflow.data.sharding import ShardBatch, ShardSampler
 
@@ -19,8 +20,8 @@ from towerflow.data.sharding import ShardBatch, ShardSampler
 class DistributedLoader:
     """Iterates one replica's batches for the current epoch; `set_epoch(e)` reshuffles.
 
-    `last_batch` is the `ShardBatch` of the batch most recently handed out (its local and
-    global sizes), which `towerflow.train_step` uses to weight uneven tails.
+    Every batch carries its `BatchFacts` (`towerflow.batch_facts(batch)`): its local and global
+    sizes and the loss weight `weigh` gives it, which `towerflow.train_step` applies to uneven tails.
     """
 
     def __init__(
@@ -32,7 +33,7 @@ class DistributedLoader:
         num_workers: int = 0,
         collate_fn: Optional[Callable] = None,
         pin_memory: bool = True,
-        on_batch: Optional[Callable[[ShardBatch], None]] = None,
+        weigh: Optional[Callable[[ShardBatch], float]] = None,
     ):
         self.dataset = dataset
         self.sampler = sampler
@@ -41,8 +42,7 @@ class DistributedLoader:
         self.num_workers = num_workers
         self.collate_fn = collate_fn
         self.pin_memory = pin_memory and device.type == "cuda"
-        self.on_batch = on_batch
-        self.last_batch: Optional[ShardBatch] = None
+        self.weigh = weigh or (lambda batch: 1.0)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -82,11 +82,9 @@ class DistributedLoader:
     def __iter__(self) -> Iterator[Any]:
         plan = list(self.sampler.batches())
         batches = DevicePrefetcher(self._host_batches(plan), self.device, self.device_name, self.pin_memory)
-        for b, batch in zip(plan, batches):
-            self.last_batch = b
-            if self.on_batch is not None:
-                self.on_batch(b)
-            yield batch
+        for position, (b, batch) in enumerate(zip(plan, batches)):
+            facts = BatchFacts(len(b.indices), b.global_size, self.weigh(b), position == len(plan) - 1)
+            yield attach(batch, facts)
 
     def forever(self) -> Iterator[Any]:
         """Batches across epochs without end (epoch 0, 1, ...), for step-counted training loops."""

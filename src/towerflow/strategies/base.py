@@ -99,9 +99,6 @@ class Strategy:
         # Mixed precision is a GPU feature (TF's mixed_float16); on a CPU replica it is a no-op.
         self.autocast_dtype = MIXED_PRECISION[mixed_precision] if device.type == "cuda" else None
         self.steps = GlobalStep()  # the one owner of this replica's global step
-        self.batch_weight = 1.0  # local/global share of the current step's batch, set by the loader
-        self._batch_is_empty = False
-        self.last_batch: Optional[ShardBatch] = None  # the batch the replica's loader handed out last
         self._optimizer: Optional[SyncOptimizer] = None
 
     @property
@@ -114,11 +111,6 @@ class Strategy:
     def is_chief(self) -> bool:
         """True on the replica that prints, evaluates for the record and writes checkpoints."""
         return self.replica_id == 0
-
-    @property
-    def is_batch_empty(self) -> bool:
-        """True when this replica's loader handed it no samples for this step (a tail shorter than the replicas)."""
-        return self._batch_is_empty
 
     def __repr__(self) -> str:
         return (
@@ -227,7 +219,7 @@ class Strategy:
         )
         return DistributedLoader(
             dataset, sampler, self.device, self.device_name, num_workers=num_workers, collate_fn=collate_fn,
-            on_batch=self._on_batch,
+            weigh=self._batch_weight,
         )
 
     def distribute_files(self, paths, format: str, batch_size: int, rows_per_table, shuffle_window: int = 0,
@@ -266,11 +258,9 @@ class Strategy:
     def _num_shards(self) -> int:
         return self.num_replicas_in_sync // self.towers_per_process
 
-    def _on_batch(self, batch: ShardBatch) -> None:
-        local = len(batch.indices)
-        self.last_batch = batch
-        self.batch_weight = local * self._num_shards / batch.global_size
-        self._batch_is_empty = local == 0
+    def _batch_weight(self, batch: ShardBatch) -> float:
+        """This replica's share of a synchronous step's gradient: its samples against an even share."""
+        return len(batch.indices) * self._num_shards / batch.global_size
 
     # ---- collectives (identity on one replica)
     def reduce(self, value: Any, op: str = "mean") -> torch.Tensor:

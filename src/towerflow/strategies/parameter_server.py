@@ -226,11 +226,8 @@ class ParameterServerStrategy(Strategy):
         or None. MonitoredTrainingSession with a logdir sets this."""
         self.recovery.restore_source = source
 
-    def _on_batch(self, batch) -> None:
-        # Each worker's gradient is the mean over its own batch: the ps averages (sync) or applies it as is.
-        self.last_batch = batch
-        self.batch_weight = 1.0
-        self._batch_is_empty = len(batch.indices) == 0
+    def _batch_weight(self, batch) -> float:
+        return 1.0  # each worker's gradient is its own batch's mean: the ps averages (sync) or applies it as is
 
     # ---- measurement
     def metrics(self) -> dict:

@@ -14,12 +14,14 @@ import time
 from typing import IO, Optional
 
 from towerflow import taskenv as _taskenv
+from towerflow.data.batch_facts import batch_facts
 from towerflow.monitoring.accumulator import StepAccumulator
 from towerflow.monitoring.metrics import EVENT_END, EVENT_START, MetricsWriter
 
 
 class Progress:
-    """Call `update(loss)` once per step after the strategy's loader handed out the batch."""
+    """Call `update(loss)` once per step, with the loss `train_step` returned or `batch=` the step's batch:
+    samples are counted from the batch's facts (steps alone when neither carries them)."""
 
     def __init__(self, strategy, total_steps: int, log_every: int = 50, desc: str = "train",
                  stream: Optional[IO[str]] = None, bar: Optional[bool] = None, logdir: Optional[str] = None):
@@ -62,14 +64,14 @@ class Progress:
     def samples_per_sec_per_replica(self) -> float:
         return self.local_samples / self.elapsed if self.elapsed > 0 else 0.0
 
-    def update(self, loss=None) -> None:
+    def update(self, loss=None, batch=None) -> None:
         self.steps += 1
-        batch = self.strategy.last_batch
+        facts = batch_facts(batch if batch is not None else loss)
         if self._t0 is None:
             self._t0 = time.perf_counter()  # step 1 is warm-up: the clock starts after it
-        elif batch is not None:
-            self.local_samples += len(batch.indices)
-            self.global_samples += batch.global_size
+        elif facts is not None:
+            self.local_samples += facts.local_size
+            self.global_samples += facts.global_size
         if self._window is not None:
             self._window.add(float(loss) if loss is not None else None)
             if self._window.is_due(self.steps):
@@ -80,17 +82,18 @@ class Progress:
         if self._bar is not None:
             self._bar.update(1)
             if self.steps % 10 == 0 or self.steps == self.total_steps:
-                self._bar.set_postfix_str(
-                    f"loss {loss_text} | {self.samples_per_sec:.0f} samples/s "
-                    f"({self.samples_per_sec_per_replica:.0f}/replica)"
-                )
+                self._bar.set_postfix_str(f"loss {loss_text} | {self._rate_text(short=True)}")
         elif self.steps % self.log_every == 0 or self.steps == self.total_steps:
-            print(
-                f"{self.desc} step {self.strategy.global_step}/{self.total_steps}  loss {loss_text}  "
-                f"{self.samples_per_sec:.0f} samples/s total  {self.samples_per_sec_per_replica:.0f} samples/s/replica",
-                file=self.stream,
-                flush=True,
-            )
+            print(f"{self.desc} step {self.strategy.global_step}/{self.total_steps}  loss {loss_text}  "
+                  f"{self._rate_text(short=False)}", file=self.stream, flush=True)
+
+    def _rate_text(self, short: bool) -> str:
+        if not self.global_samples:  # no batch facts seen: the loop's own batches, or plain numbers
+            steps_per_sec = (self.steps - 1) / self.elapsed if self.elapsed > 0 else 0.0
+            return f"{steps_per_sec:.1f} steps/s"
+        if short:
+            return f"{self.samples_per_sec:.0f} samples/s ({self.samples_per_sec_per_replica:.0f}/replica)"
+        return f"{self.samples_per_sec:.0f} samples/s total  {self.samples_per_sec_per_replica:.0f} samples/s/replica"
 
     def _write_window(self) -> None:
         self.metrics.write(self.strategy.global_step, local_step=self.steps, **self._window.flush())
