@@ -81,10 +81,9 @@ def test_a_bad_ps_count_is_an_argument_error(environ):
 
 
 @pytest.mark.parametrize("case", GOLDEN, ids=[c["name"] for c in GOLDEN])
-def test_the_command_prints_what_each_recorded_environment_resolves_to(environ, capsys, machine_of, case):
+def test_the_command_prints_what_each_recorded_environment_resolves_to(environ, capsys, case):
     """`towerflow cluster --json` in every recorded pod / slot environment (Kubernetes TFJob and PyTorchJob,
     torchrun restarts, Slurm, MPI): the JSON the golden table expects, from the command itself."""
-    machine_of(case)
     environ(**case["env"])
     argv = ["cluster", "--json"] + (["--scheduler", case["scheduler"]] if case.get("scheduler") else [])
     assert main(argv) == 0

@@ -30,18 +30,6 @@ from towerflow.strategies.replica_env import read_env
 CASES = json.loads((pathlib.Path(__file__).parent / "golden.json").read_text())
 
 
-# A PyTorchJob pod that asks for several processes per node (nprocPerNode) but runs the script itself: the
-# resolver places the pod's process as local rank 0 of its node (worker node_rank * nproc), while
-# strategy_from_env keeps the pod-level RANK / WORLD_SIZE the operator set, as torch's env:// does.
-POD_LEVEL_GROUP = {
-    "pytorchjob nprocPerNode=2: the pod's own process",
-    "pytorchjob default nprocPerNode=auto on a 2-CPU pod: the pod's own process",
-    "pytorchjob default nprocPerNode=auto on a pod with 4 GPUs: one process per GPU",
-    "pytorchjob nprocPerNode=cpu: one process per CPU of the pod",
-    "pytorchjob nprocPerNode=gpu on a pod with 2 GPUs",
-}
-
-
 def _tasks(cluster, world):
     return sum(len(v) for v in cluster.values()) if cluster else world
 
@@ -54,7 +42,7 @@ def _gathered(resolved, timeout, env=None):
 
 
 @pytest.fixture
-def place(monkeypatch, machine_of):
+def place(monkeypatch):
     """Set a case's environment (and nothing else a scheduler sets); the three entry points' answers."""
     saved = dict(os.environ)
     for name in [*taskenv.scheduler_variables(os.environ), taskenv.ENV_STRATEGY]:
@@ -69,7 +57,6 @@ def place(monkeypatch, machine_of):
     monkeypatch.setattr(strategy_environment, "_serve_and_exit", lambda: chosen.append("serve"))
 
     def answers(case, capsys):
-        machine_of(case)
         for k, v in case["env"].items():
             monkeypatch.setenv(k, v)
         if case.get("scheduler"):
@@ -110,9 +97,7 @@ def _of_json(said):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_cluster_launch_and_strategy_from_env_agree(place, capsys, case, request):
-    if case["name"] in POD_LEVEL_GROUP:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="a pod-level group against per-process places"))
+def test_cluster_launch_and_strategy_from_env_agree(place, capsys, case):
     got = place(case, capsys)
     if got.pop("placed_by_tf_config"):
         got.pop("launch")

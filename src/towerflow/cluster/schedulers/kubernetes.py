@@ -8,8 +8,9 @@ elastic.go): in a job with a Master replica the Master pod is rank 0, Worker pod
 `<job>-master-0` (MASTER_ADDR) and `<job>-worker-<i>`; every pod also gets PET_NNODES, PET_NODE_RANK,
 PET_MASTER_ADDR/PORT and PET_NPROC_PER_NODE (the job's `nprocPerNode`, `auto` unless it says
 otherwise) for torchrun in the pod, whose children carry RANK/LOCAL_RANK/... of their own. The pod's
-own process is the first of the processes torchrun would start there (`nproc.py` counts them as
-torchrun does). A task listens at the master port + 1 + its place on its pod. Where MASTER_ADDR does
+own process, which no torchrun started, is one task per pod at the operator's pod-level RANK and
+WORLD_SIZE, as torch's own `env://` reads them: nothing in the pod would start the other processes
+PET_NPROC_PER_NODE asks torchrun for. A task listens at the master port + 1 + its place on its pod. Where MASTER_ADDR does
 not end in `-master-0` (or the node count is elastic, `PET_NNODES=1:4`) the addresses are gathered
 at the rendezvous: for torchrun's children the store torchrun serves them (their own MASTER_ADDR /
 MASTER_PORT; with an elastic policy torchrun meets at PET_RDZV_ENDPOINT, and nothing listens at
@@ -25,13 +26,11 @@ from typing import List, Mapping, Optional
 
 from towerflow.cluster.schedulers.base import (Ranks, Resolved, Roles, SchedulerResolver, block_addresses, count,
                                                node_slot)
-from towerflow.cluster.schedulers.nproc import nproc_per_node
 from towerflow.cluster.schedulers.tf_config import from_tf_config
 from towerflow.cluster.schedulers.torchrun import master, torch_ranks
 from towerflow.errors import SchedulerError
 
 _FIX = "the Kubeflow training operator sets it in the pods of a PyTorchJob with a Master replica"
-_NPROC = "the PyTorchJob's nprocPerNode"
 _UNDER_TORCHRUN = ("run the pod's command under torchrun, which reads PET_* and gives each process its rank "
                    "(`torchrun -m towerflow launch train.py`, or `torchrun train.py` calling strategy_from_env())")
 _MASTER_POD = "-master-0"
@@ -90,13 +89,13 @@ def _check_pod_process(env: Mapping[str, str], elastic: bool) -> None:
 
 
 def _pod_ranks(env: Mapping[str, str]) -> Ranks:
-    """The pod's own process: the first of the processes torchrun would start in this pod."""
-    nproc = nproc_per_node(env, "PET_NPROC_PER_NODE", _NPROC) or 1
+    """The pod's own process: its pod's one task (PET_NPROC_PER_NODE is torchrun's to act on, and no
+    torchrun started this process)."""
     node = count(env, "PET_NODE_RANK", "this pod's index") if "PET_NODE_RANK" in env else count(
         env, "RANK", "this pod's rank", required=True, fix=_FIX)
     nodes = count(env, "PET_NNODES", "the number of pods", minimum=1) or count(
         env, "WORLD_SIZE", "the number of pods", required=True, minimum=1, fix=_FIX)
-    return Ranks(node * nproc, nodes * nproc, 0, nproc)
+    return Ranks(node, nodes, 0, 1)
 
 
 def _pod_hosts(addr: str, nodes: int) -> Optional[List[str]]:
