@@ -105,19 +105,30 @@ def test_the_worker_side_of_a_ps_step_loads_nothing_of_the_ps_side():
     assert out.strip() == "[]", out
 
 
-def test_only_the_task_environment_reader_the_launcher_and_cuda_visibility_touch_os_environ():
-    """A task learns its place from one reader (taskenv); the launcher writes what its tasks inherit; hiding
-    GPUs from CUDA in this process can only be done through its environment. Nothing else reads or writes it."""
+def test_only_the_task_reader_the_launcher_and_library_settings_touch_os_environ():
+    """A task learns its place from one reader (taskenv), which never writes it back; the launcher writes
+    what its tasks inherit; the libraries that read only their environment (CUDA's visible devices,
+    gloo's interface, cuBLAS) are set through one module. Nothing else reads or writes it."""
     import ast
     from pathlib import Path
 
     src = Path(__file__).resolve().parent.parent / "src" / "towerflow"
-    touching = set()
+    touching, writes = set(), set()
     for path in src.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
             names = ([node.attr] if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                      and node.value.id == "os" else [a.name for a in node.names]
                      if isinstance(node, ast.ImportFrom) and node.module == "os" else [])
             if set(names) & {"environ", "getenv", "putenv", "unsetenv", "environb"}:
                 touching.add(str(path.relative_to(src)))
-    assert sorted(touching) == ["devices/gpu_memory.py", "launch/environment.py", "taskenv.py"]
+            environ = (lambda n: isinstance(n, ast.Attribute) and n.attr == "environ")
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                if any(isinstance(t, ast.Subscript) and environ(t.value) for t in targets):
+                    writes.add(str(path.relative_to(src)))
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and environ(node.func.value)
+                    and node.func.attr in ("pop", "update", "setdefault", "clear", "popitem")):
+                writes.add(str(path.relative_to(src)))
+    assert sorted(touching) == ["launch/environment.py", "library_env.py", "taskenv.py"]
+    assert sorted(writes) == ["launch/environment.py", "library_env.py"]

@@ -12,17 +12,21 @@ from towerflow import taskenv
 from towerflow.launch.environment import task_environment
 from towerflow.cluster.spec import ClusterSpec
 
-SRC = pathlib.Path(taskenv.__file__).parent
-DOCS = SRC.parent.parent / "docs" / "architecture.md"
-# the only modules that may touch os.environ: the reader, the launcher that writes the contract,
-# and the devices layer for CUDA's own CUDA_VISIBLE_DEVICES
-ALLOWED = {"taskenv.py", "launch/environment.py", "devices/gpu_memory.py"}
+DOCS = pathlib.Path(taskenv.__file__).parent.parent.parent / "docs" / "architecture.md"
 
 
-def test_only_the_reader_the_writer_and_cuda_touch_the_environment():
-    touching = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                if re.search(r"os\.environ|getenv\(", p.read_text())}
-    assert touching <= ALLOWED, f"modules reading the environment besides TaskEnv: {sorted(touching - ALLOWED)}"
+def test_a_server_s_task_is_this_process_s_from_then_on_and_is_not_written_back(monkeypatch):
+    monkeypatch.setenv("TOWERFLOW_JOB_NAME", "worker")
+    monkeypatch.setenv("TOWERFLOW_TASK_INDEX", "2")
+    assert (taskenv.current().job_name, taskenv.current().task_index) == ("worker", 2)
+    taskenv.become_task("ps", 1)
+    assert (taskenv.current().job_name, taskenv.current().task_index) == ("ps", 1)
+    assert (taskenv.resolve().job_name, taskenv.resolve().task_index) == ("ps", 1)  # an entry point later keeps it
+    import os
+
+    assert (os.environ["TOWERFLOW_JOB_NAME"], os.environ["TOWERFLOW_TASK_INDEX"]) == ("worker", "2")
+    taskenv.forget()  # the launcher adopted another environment: it wins
+    assert taskenv.current().job_name == "worker"
 
 
 def test_what_the_launcher_writes_reads_back_as_one_task_env():

@@ -152,6 +152,7 @@ def is_chief_task(job: str, index: int, jobs) -> bool:
 
 
 _resolved: Optional[TaskEnv] = None
+_became: Optional[Tuple[str, int]] = None  # the task a Server made this process, over what the environment says
 
 
 def resolve() -> TaskEnv:
@@ -159,21 +160,26 @@ def resolve() -> TaskEnv:
     Server, `strategy_from_env`, `python -m towerflow.ps.serve`, `towerflow launch`, `towerflow cluster`),
     so a script may set TF_CONFIG itself before it starts its task, as TensorFlow's guides do."""
     global _resolved
-    _resolved = read(os.environ)
+    task = read(os.environ)
+    if _became is not None:
+        task = dataclasses.replace(task, job_name=_became[0], task_index=_became[1])
+    _resolved = task
     return _resolved
 
 
 def current() -> TaskEnv:
     """This process's task context: the one its entry point resolved (resolved here on first use when
-    none has run), the same object for every module after. This module's writers (`become_task`,
-    `set_default`) and the launcher's `adopt` change it; `forget()` makes the next call read again."""
+    none has run), the same object for every module after. `become_task` and the launcher's `adopt`
+    change it; `forget()` makes the next call read again."""
     return _resolved if _resolved is not None else resolve()
 
 
 def forget() -> None:
-    """Resolve again on the next `current()`: after a test changed this process's environment."""
-    global _resolved
+    """Resolve again on the next `current()`, from the environment alone: after the launcher adopted a
+    task's environment, or a test changed it."""
+    global _resolved, _became
     _resolved = None
+    _became = None
 
 
 def read(env: Mapping[str, str]) -> TaskEnv:
@@ -259,17 +265,11 @@ def parse_tf_config(text: str, required: bool = True) -> Tuple[Dict[str, List[st
 
 
 def become_task(job: str, index: int) -> None:
-    """Record this process's task in its environment (a Server does, on start): processes it starts inherit it."""
-    os.environ[ENV_JOB_NAME] = job
-    os.environ[ENV_TASK_INDEX] = str(index)
-    forget()
-
-
-def set_default(name: str, value: str) -> None:
-    """Set a variable for the libraries this process loads later (gloo, NCCL, cuBLAS), unless it is set."""
-    if name not in os.environ:
-        os.environ[name] = value
-        forget()
+    """Make this process `/job:<job>/task:<index>` (a Server does, on start), whatever its environment says;
+    later resolutions keep it. Only the launcher writes the environment, for the processes it starts."""
+    global _resolved, _became
+    _became = (job, index)
+    _resolved = dataclasses.replace(current(), job_name=job, task_index=index)
 
 
 # ---- value parsers: each error names the variable, the bad value and what was expected

@@ -37,7 +37,5 @@ def test_no_room_in_shared_memory_says_why_and_falls_back_to_rpc(monkeypatch, ca
 def test_a_link_is_wanted_only_between_tasks_named_on_one_host(monkeypatch):
     cluster = types.SimpleNamespace(task_address=lambda job, i: {("worker", 0): "hosta:1", ("ps", 0): "hosta:2",
                                                                   ("ps", 1): "hostb:2"}[(job, i)])
-    monkeypatch.delenv("TOWERFLOW_PS_LINK", raising=False)
-    assert linked.wanted(cluster, ("worker", 0), 0) and not linked.wanted(cluster, ("worker", 0), 1)
-    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")
-    assert not linked.wanted(cluster, ("worker", 0), 0)
+    assert linked.wanted(cluster, ("worker", 0), 0, "shm") and not linked.wanted(cluster, ("worker", 0), 1, "shm")
+    assert not linked.wanted(cluster, ("worker", 0), 0, "rpc")  # TOWERFLOW_PS_LINK=rpc: never

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from towerflow import library_env as _library_env
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import ending as _ending
@@ -88,6 +89,7 @@ class Server:
         from towerflow.cluster.wire_security import WireSecurity  # zmq, for processes that are tasks only
 
         self.wire_security = WireSecurity(env.wire_security or self._default_wire_security(), self.token)
+        self.context = env  # this task's resolved environment, handed to what runs in it (the ps client, the strategy)
         self.max_restarts = env.max_restarts
         restarts = env.restart_count
         store_address = env.store  # the launcher's store, when it hosts one
@@ -207,9 +209,10 @@ class Server:
         from towerflow.devices.logical import set_local_task
 
         set_local_task(self.job_name, self.task_index)  # device names and cached placements follow
+        self.context = _taskenv.current()  # now naming this task
         if self.binding is not None:  # any process group on the interface of this task's address
             for name, value in self.binding.socket_environment().items():
-                _taskenv.set_default(name, value)
+                _library_env.set_default(name, value)
 
     # --- the others: facts, incarnations, liveness (see rendezvous.py and membership.py) -------
 

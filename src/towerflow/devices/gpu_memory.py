@@ -8,19 +8,19 @@ reserves the memory in PyTorch's caching allocator up front so other processes c
 from __future__ import annotations
 
 import logging
-import os
 from typing import List, Optional
 
 import torch
 
 from towerflow import config as _config
+from towerflow import library_env as _library_env
 from towerflow.devices import physical as _physical
 from towerflow.errors import ConfigError
 
 log = logging.getLogger("towerflow.devices")
 
 _ENV = "CUDA_VISIBLE_DEVICES"
-_original_env: Optional[str] = os.environ.get(_ENV)  # what the user launched us with
+_original_env: Optional[str] = _library_env.value(_ENV)  # what the user launched us with
 _reserved: set = set()  # GPUs whose memory we reserved up front (allow_growth=False)
 _RESERVE_MARGIN = 256 << 20  # leave room for the CUDA context and cuBLAS workspaces
 
@@ -49,7 +49,7 @@ def _check(old: _config.Config, new: _config.Config) -> None:
     if new.visible_devices == old.visible_devices:
         return
     wanted = _visible_env(new.visible_devices)
-    if _cuda_started() and wanted != os.environ.get(_ENV):
+    if _cuda_started() and wanted != _library_env.value(_ENV):
         raise ConfigError(
             f"visible_devices={new.visible_devices!r} cannot take effect: the CUDA runtime already started in "
             f"this process (something ran on a GPU or listed GPU properties). Call towerflow.configure(visible_devices=...) "
@@ -73,10 +73,7 @@ def _memory_cap(cfg: _config.Config, index: int, total: int) -> Optional[int]:
 def _apply(old: _config.Config, new: _config.Config) -> None:
     if new.visible_devices != old.visible_devices:
         wanted = _visible_env(new.visible_devices)
-        if wanted is None:
-            os.environ.pop(_ENV, None)
-        else:
-            os.environ[_ENV] = wanted
+        _library_env.assign(_ENV, wanted)
     memory_keys = ("gpu_memory_fraction", "memory_limit", "allow_growth", "logical_devices", "visible_devices")
     if all(getattr(old, k) == getattr(new, k) for k in memory_keys):
         return

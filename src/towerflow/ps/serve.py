@@ -15,7 +15,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from towerflow import taskenv
 from towerflow.cluster.server import Server
 from towerflow.ps.server import endpoints
 from towerflow.ps.server.monitor import PSRecorder
@@ -38,12 +37,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     server = Server(argv=argv)
     if server.job_name != "ps":
         sys.exit(f"towerflow.ps.serve: {server.name} is not a ps task; run the training script on it")
-    task = taskenv.resolve()
+    task = server.context
     if not task.threads_set_by_user:  # the ps shares the host's cores with the other local tasks, as workers do
         torch.set_num_threads(server.cluster.threads_per_local_task(os.cpu_count() or 1))
     warm_up()  # while the workers build their models
     logdir = task.logdir
-    recorder = PSRecorder(logdir, f"ps:{server.task_index}", endpoints.services).start() if logdir else None
+    recorder = PSRecorder(logdir, f"ps:{server.task_index}", endpoints.services,
+                          restarts=task.restart_count).start() if logdir else None
     try:
         server.join()
     finally:

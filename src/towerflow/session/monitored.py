@@ -58,8 +58,8 @@ class MonitoredTrainingSession:
         if is_chief is None:
             is_chief = strategy.is_chief if strategy is not None else default_is_chief()
         self.is_chief = is_chief
-        here = _taskenv.current()
-        self.task = f"{here.job_name or 'localhost'}:{here.task_index or 0}"
+        self.context = strategy.context if strategy is not None else _taskenv.current()
+        self.task = f"{self.context.job_name or 'localhost'}:{self.context.task_index or 0}"
         self.checkpoints = CheckpointManager(logdir, keep=keep_checkpoints) if logdir else None
         self.metrics: Optional[MetricsWriter] = None
         self.restored: Optional[RestoredState] = None
@@ -98,7 +98,7 @@ class MonitoredTrainingSession:
             device = getattr(self.strategy, "device_name", None) or _local_device_name()
             self.metrics = MetricsWriter(self.logdir, self.task, role="chief" if self.is_chief else "worker", device=device,
                                          tensorboard=self._tensorboard)
-            self.metrics.write(self.global_step, event=EVENT_START, restarts=_taskenv.current().restart_count)
+            self.metrics.write(self.global_step, event=EVENT_START, restarts=self.context.restart_count)
         for hook in self.hooks:
             hook.begin(self)
         if self.checkpoints is not None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Tuple
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from towerflow import taskenv as _taskenv
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
@@ -91,6 +92,7 @@ class Strategy:
             raise StrategyError(
                 f"mixed_precision={mixed_precision!r}: expected one of {[k for k in MIXED_PRECISION if k]} or None"
             )
+        self.context = _taskenv.current()  # this task, as its entry point resolved it: what the loop helpers read
         self.device = device
         self.device_name = device_name
         self.num_replicas_in_sync = num_replicas

@@ -28,7 +28,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from towerflow import taskenv as _taskenv
 from towerflow.cluster import server as _server
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.layout import Layout, Partition, plan_layout
@@ -86,7 +85,7 @@ class ParameterServerStrategy(Strategy):
         if here not in replicas:
             raise StrategyError(f"{self.server.name} is neither chief nor worker; only those train with parameter servers")
         # The task's settings (towerflow launch --mode ...); arguments win over the environment.
-        task = _taskenv.current()
+        task = self.server.context
         device = task.device if device is None else device
         mode = mode or task.ps_mode or "async"
         replicas_to_aggregate = task.ps_replicas_to_aggregate if replicas_to_aggregate is None else replicas_to_aggregate

@@ -13,7 +13,6 @@ import sys
 import time
 from typing import IO, Optional
 
-from towerflow import taskenv as _taskenv
 from towerflow.data.batch_facts import batch_facts
 from towerflow.monitoring.accumulator import StepAccumulator
 from towerflow.monitoring.metrics import EVENT_END, EVENT_START, MetricsWriter
@@ -40,7 +39,7 @@ class Progress:
         self.steps = 0
         self.local_samples = self.global_samples = 0
         self._t0: Optional[float] = None
-        here = _taskenv.current()
+        here = strategy.context
         logdir = logdir or here.logdir
         self.metrics: Optional[MetricsWriter] = None
         self._window: Optional[StepAccumulator] = None

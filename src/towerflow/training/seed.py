@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 
-from towerflow import taskenv as _taskenv
+from towerflow import library_env as _library_env
 
 
 def set_seed(seed: int, deterministic: bool = False) -> None:
@@ -19,7 +19,7 @@ def set_seed(seed: int, deterministic: bool = False) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    _taskenv.set_default("PYTHONHASHSEED", str(seed))  # for the processes this one starts
+    _library_env.set_default("PYTHONHASHSEED", str(seed))  # for the processes this one starts
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-        _taskenv.set_default("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        _library_env.set_default("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
-from towerflow import taskenv
 from towerflow.monitoring.metrics import EVENT_END, EVENT_START, MetricsWriter
 
 
@@ -63,10 +62,12 @@ class _Rates:
 class PSRecorder:
     """Writes every served model's summary to metrics.jsonl every `interval` s, in a daemon thread."""
 
-    def __init__(self, logdir: str, task: str, services: Callable[[], Dict[str, object]], interval: float = 0.5):
+    def __init__(self, logdir: str, task: str, services: Callable[[], Dict[str, object]], interval: float = 0.5,
+                 restarts: int = 0):
         self.writer = MetricsWriter(logdir, task, role="ps", device="cpu", tensorboard=True)
         self.services = services
         self.interval = interval
+        self.restarts = restarts  # this ps task's incarnation, for its start record
         self._rates = _Rates()
         self._seen: Dict[str, object] = {}  # the models served so far: the final record outlives their shutdown
         self._stop = threading.Event()
@@ -83,7 +84,7 @@ class PSRecorder:
             self.writer.write(m["global_step"], model=model, **fields)
 
     def start(self) -> "PSRecorder":
-        self.writer.write(0, event=EVENT_START, restarts=taskenv.current().restart_count)
+        self.writer.write(0, event=EVENT_START, restarts=self.restarts)
 
         def loop():
             while not self._stop.wait(self.interval):

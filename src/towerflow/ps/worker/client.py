@@ -166,7 +166,8 @@ class PSClient:
         if ch.link_tried_for == ch.to or self.tables:
             return
         ch.link_tried_for = ch.to
-        if not linked.wanted(self.server.cluster, (self.server.job_name, self.server.task_index), ch.task):
+        if not linked.wanted(self.server.cluster, (self.server.job_name, self.server.task_index), ch.task,
+                             self.server.context.ps_link):
             return
         link = linked.offer_for(ch, self.server.name)
         if link is None:

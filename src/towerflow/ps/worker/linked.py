@@ -17,14 +17,13 @@ import dataclasses
 import sys
 from typing import Callable, Optional
 
-from towerflow import taskenv as _taskenv
 from towerflow.cluster import shm_link
 from towerflow.ps.messages import Pulled, PushPull, PushPulled
 
 
-def wanted(cluster, worker_task: tuple, ps_task: int) -> bool:
-    """Whether this worker should offer the ps task a shared-memory link."""
-    if _taskenv.current().ps_link == "rpc":
+def wanted(cluster, worker_task: tuple, ps_task: int, ps_link: str) -> bool:
+    """Whether this worker should offer the ps task a shared-memory link (`ps_link`: the task's setting)."""
+    if ps_link == "rpc":
         return False
     try:
         return shm_link.same_host(cluster.task_address(*worker_task), cluster.task_address("ps", ps_task))
