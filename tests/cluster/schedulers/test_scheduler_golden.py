@@ -20,8 +20,9 @@ from towerflow.errors import SchedulerError
 CASES = json.loads((pathlib.Path(__file__).parent / "golden.json").read_text())
 
 
-def test_there_are_enough_recorded_environments():
-    assert len(CASES) >= 50 and len({c["name"] for c in CASES}) == len(CASES)
+def test_there_are_enough_recorded_environments_each_with_where_it_came_from():
+    assert len(CASES) >= 100 and len({c["name"] for c in CASES}) == len(CASES)
+    assert [c["name"] for c in CASES if len(c.get("source", "")) < 20] == []
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
