@@ -44,13 +44,15 @@ def unavailable() -> Optional[str]:
     return _why_not
 
 
-def member_argv(name: str, host: str, client_port: int, peer_port: int, cluster: str, data_dir: Path) -> List[str]:
-    """One member of a new cluster (`cluster`: name=peer-url,...), its data in `data_dir`."""
+def member_argv(name: str, host: str, client_port: int, peer_port: int, cluster: str, data_dir: Path,
+                token: str) -> List[str]:
+    """One member of a new cluster (`cluster`: name=peer-url,...; `token` the same for all its members), its data
+    in `data_dir`."""
     url = f"[{host}]" if ":" in host else host
     return ["etcd", "--name", name, "--data-dir", str(data_dir),
             "--listen-client-urls", f"http://{url}:{client_port}", "--advertise-client-urls", f"http://{url}:{client_port}",
             "--listen-peer-urls", f"http://{url}:{peer_port}", "--initial-advertise-peer-urls", f"http://{url}:{peer_port}",
-            "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", name.split("-")[0],
+            "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", token,
             "--log-level", "warn", "--logger", "zap"]
 
 
@@ -87,7 +89,8 @@ class LocalEtcd:
         try:
             for i in range(n):
                 log = (self.dir / f"member{i}.log").open("wb")
-                argv = member_argv(f"{tag}-{i}", "127.0.0.1", self.endpoints[i][1], peers[i][1], cluster, self.dir / f"m{i}")
+                argv = member_argv(f"{tag}-{i}", "127.0.0.1", self.endpoints[i][1], peers[i][1], cluster,
+                                   self.dir / f"m{i}", tag)
                 self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                    start_new_session=True))
             wait_ready(self.endpoints, alive=self._exited)
