@@ -94,6 +94,23 @@ def test_a_lost_member_costs_a_call_one_reconnect(etcd):
     assert store.client._preferred != member
 
 
+def test_an_add_that_etcd_applied_but_whose_reply_was_lost_is_not_applied_again(etcd):
+    store = _store(etcd(1))
+    store.add("failures/count", 1)
+    post, lost = store.client._post, []
+
+    def applied_then_lost(i, path, data, end):
+        reply = post(i, path, data, end)
+        if path.endswith("/kv/txn") and not lost:
+            lost.append(path)
+            raise ConnectionResetError("the member went away before it answered")
+        return reply
+
+    store.client._post = applied_then_lost
+    assert store.add("failures/count", 1) == 2 and lost  # retried, found its own mark
+    assert store.add("failures/count", 0) == 2 and store.num_keys() == 1
+
+
 def test_no_member_answering_is_a_bounded_named_error(free_ports):
     from towerflow.cluster.etcd import EtcdUnavailable
     from towerflow.cluster.etcd_store import EtcdStore

@@ -21,7 +21,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 CONNECT_TIMEOUT = 1.0  # seconds to open a connection to one member before trying the next
-REPLY_TIMEOUT = 5.0  # seconds one member has to answer (a leader election takes about one)
+REPLY_TIMEOUT = 2.0  # seconds one member has to answer: a request caught in a leader election is retried after this
 RETRY_PAUSE = 0.1  # after every member failed once, before the next round
 
 

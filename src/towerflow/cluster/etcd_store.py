@@ -13,6 +13,7 @@ later, so a new run of the same cluster starts clean instead of finding the last
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 from typing import List, Optional, Sequence, Tuple
@@ -58,11 +59,15 @@ class EtcdStore(dist.Store):
     def _key(self, key) -> bytes:
         return self.prefix + _bytes(key)
 
+    def _aside(self, name: bytes) -> bytes:
+        """A key of the run that is not a key of the store (beside the prefix, not under it)."""
+        return self.prefix[:-1] + b"\0" + name
+
     # --- the run's lease -------------------------------------------------------------------
 
     def _attach_lease(self) -> int:
         """The run's lease: the one named under the prefix, else a new one this process puts there."""
-        record = self.prefix + b"\0lease"
+        record = self._aside(b"lease")
         while True:
             held = self.client.get(record)
             if held is not None and self.client.keepalive(int(held["value"])) > 0:
@@ -111,22 +116,30 @@ class EtcdStore(dist.Store):
 
     def add(self, key, value: int) -> int:
         """Add `value` to the counter at `key` (absent: 0) atomically; a counter this process alone writes
-        (a heartbeat) costs one round trip, as its last revision is known."""
+        (a heartbeat) costs one round trip, as its last revision is known. The write leaves this call's
+        mark beside the counter, so a retry of a write that etcd applied but whose reply was lost (a
+        member lost mid-call) finds its mark and does not add twice."""
         k = self._key(key)
         if value == 0:
             held = self.client.get(k)
             return int(held["value"]) if held else 0
+        mark, mine = self._aside(b"added/" + _bytes(key)), os.urandom(8).hex().encode()
         seen = self._revisions.get(k)
         while True:
             count, cond = (int(seen[0]), compare(k, "MOD", seen[1])) if seen else (0, compare(k, "CREATE", 0))
             new = str(count + value).encode()
-            ok, responses = self.client.txn([cond], [put_op(k, new, self.lease), range_op(k)], [range_op(k)])
-            kvs = range_kvs(responses[-1]) if responses else []
+            ok, responses = self.client.txn([cond], [put_op(k, new, self.lease), put_op(mark, mine, self.lease),
+                                                     range_op(k)], [range_op(k), range_op(mark)])
+            kvs = range_kvs(responses[-1 if ok else 0]) if responses else []
             seen = (kvs[0]["value"], kvs[0]["mod_revision"]) if kvs else None
             if ok:
                 if seen is not None:
                     self._revisions[k] = seen
                 return count + value
+            marks = range_kvs(responses[1]) if len(responses) > 1 else []
+            if marks and marks[0]["value"] == mine:  # this call's own write, applied before a retry
+                self._revisions.pop(k, None)
+                return int(new)
 
     def compare_set(self, key, expected, desired) -> bytes:
         """TCPStore's rule: set `desired` when the value is `expected` (absent counts as b''), and return
@@ -155,7 +168,7 @@ class EtcdStore(dist.Store):
 
     def num_keys(self) -> int:
         reply = self.client.range(self.prefix, _etcd.prefix_end(self.prefix), count_only=True)
-        return int(reply.get("count", 0)) - 1  # the run's lease record is not a key of the store
+        return int(reply.get("count", 0))
 
     # the names c10d's C++ calls (through a PrefixStore) for these two
     deleteKey = delete_key
