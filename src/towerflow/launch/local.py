@@ -139,8 +139,8 @@ def _local_plan(
     """The plan over ports already held: chief, workers, ps in order, then the store's and the replicas' port."""
     ports = list(reservation.ports)
     master_port = ports.pop()
-    store_address = f"{LOOPBACK}:{ports.pop()}" if store is None else None
-    ports = ports[:-1] if store is not None else ports
+    store_port = ports.pop()  # unused with a store in etcd
+    store_address = f"{LOOPBACK}:{store_port}" if store is None else None
     cluster = ClusterSpec({job: [f"{LOOPBACK}:{ports.pop(0)}" for _ in range(n)] for job, n in counts.items() if n})
     token = token or _env.inherited_token() or secrets.token_hex(16)
     tasks = []
