@@ -12,7 +12,7 @@ import torch
 
 from towerflow.data import FileStream, Handover
 from towerflow.data.file_formats import write_ctr
-from towerflow.data.file_regroup import Plan, Resume, Span, plan_for
+from towerflow.data.file_regroup import Plan, Resume, Span, StepPositions, plan_for
 from towerflow.errors import DataError
 
 ROWS = [1 << 20] + [1000] * 25
@@ -168,3 +168,15 @@ def test_the_rule_without_files():
     plans = [plan_for(j, 2, [Handover(3, (6, 12, 0))], lambda w, n: per_epoch((w, n))) for j in range(2)]
     assert plans == [Plan(0, 2, (Span(0, 3, 0, 6), Span(0, 3, 1, 0), Span(2, 3, 0, 0), Span(2, 3, 1, 0)), 2),
                      Plan(1, 2, (Span(1, 3, 1, 2),), 2)]
+
+
+def test_a_checkpoint_of_replicas_stepping_together_says_how_many_read_the_files():
+    """All-reduce replicas each train one batch per global step: a checkpoint of 2 at step 30 restored into 3
+    hands on 30 batches of each old replica; the plan's batches count from that step."""
+    saved = StepPositions().state(2)
+    three = StepPositions.restored(saved, 30, 3)
+    assert three == StepPositions((Handover(2, (30, 30)),), 30)
+    assert three.resume(37) == Resume(7, (Handover(2, (30, 30)),))
+    assert StepPositions.restored(three.state(3), 45, 3) == three  # the same count: kept as it was
+    assert StepPositions.restored(three.state(3), 45, 1).earlier == (Handover(2, (30, 30)), Handover(3, (15, 15, 15)))
+    assert StepPositions.restored({"global_step": 30}, 30, 3) == StepPositions()  # a checkpoint that does not say

@@ -1,9 +1,10 @@
-"""A ps worker that trains exactly BATCHES batches of its files, logging each batch's record ids:
+"""A worker that trains exactly BATCHES batches of its files, logging each batch's record ids:
 python _regroup_task.py DIR DATA BATCHES LOGDIR
 
-Records carry their id in column C1. Worker w appends a line per batch to DIR/ids-<w>.txt. The chief waits
-for every worker before it leaves the session, so the checkpoint it writes at the end (in LOGDIR) holds each
-worker's clock at BATCHES; a run restores the newest checkpoint of LOGDIR, with however many workers it has.
+Records carry their id in column C1. Worker w appends a line per batch to DIR/ids-<w>.txt. With ps tasks the
+chief waits for every worker before it leaves the session, so the checkpoint it writes at the end (in LOGDIR)
+holds each worker's clock at BATCHES (all-reduce replicas step together: the end step is BATCHES). A run
+restores the newest checkpoint of LOGDIR, with however many workers it has.
 """
 
 import os
@@ -38,8 +39,8 @@ with open(os.path.join(folder, f"ids-{strategy.replica_id}.txt"), "w") as log, \
         log.flush()
         if trained == batches:
             break
-    if strategy.is_chief:
+    if hasattr(strategy, "wait_for_workers") and strategy.is_chief:
         strategy.wait_for_workers()  # the end checkpoint then holds every worker's clock
-    else:
+    elif hasattr(strategy, "finish"):
         strategy.finish()
 strategy.shutdown()

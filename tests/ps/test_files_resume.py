@@ -1,7 +1,8 @@
 """A ps worker killed while reading its files goes on where it stood: its restarted incarnation reads the
 batches after the ones the ps counted from it, so each record of its share is trained once per epoch (the
 kill lands at a known batch: mid-epoch, and after the first epoch). A whole job restored from a checkpoint
-goes on where the checkpoint's clocks say each worker stood, also on another number of workers."""
+goes on where the checkpoint's clocks say each worker stood, also on another number of workers (as does a
+job of all-reduce replicas)."""
 
 from __future__ import annotations
 
@@ -98,8 +99,11 @@ def _first(stream, n: int):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("old,new,trained", [(2, 3, 6), (3, 2, 4)])  # every old worker stops mid-epoch
-def test_a_job_restored_on_another_number_of_workers_trains_each_record_of_the_epoch_once(launcher, tmp_path, old,
+@pytest.mark.parametrize("ps,old,new,trained", [
+    (1, 2, 3, 6), (1, 3, 2, 4),  # every old worker stops mid-epoch
+    (0, 2, 3, 6),  # all-reduce replicas: the checkpoint says how many there were
+])
+def test_a_job_restored_on_another_number_of_workers_trains_each_record_of_the_epoch_once(launcher, tmp_path, ps, old,
                                                                                            new, trained):
     """Old worker w's unread batches of the epoch go to new worker w mod M, batch for batch as w would have
     read them; then the files are dealt anew over M from the next epoch."""
@@ -107,8 +111,8 @@ def test_a_job_restored_on_another_number_of_workers_trains_each_record_of_the_e
     _write_files(data)
     for label, workers, batches in (("one", old, trained), ("two", new, 16)):
         (tmp_path / label).mkdir()
-        run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", str(workers), REGROUP_TASK,
-                              str(tmp_path / label), str(data), str(batches), str(logdir))
+        run = launcher.python("-m", "towerflow", "launch", *(["--ps", str(ps)] if ps else []), "--workers", str(workers),
+                              REGROUP_TASK, str(tmp_path / label), str(data), str(batches), str(logdir))
         assert run.wait(60) == 0, run.describe()
     before = {w: _batches(tmp_path / "one" / f"ids-{w}.txt") for w in range(old)}
     after = {j: _batches(tmp_path / "two" / f"ids-{j}.txt") for j in range(new)}

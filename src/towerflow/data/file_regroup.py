@@ -133,3 +133,34 @@ def _check(handover: Handover, i: int, earlier: Sequence[Handover]) -> None:
     if n < 1 or len(batches) != n or any(not isinstance(c, int) or c < 0 for c in batches):
         raise DataError(f"restore {i + 1} of {len(earlier)}: {handover!r}: expected the batches of each of its "
                         f"{n} workers, each a count >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPositions:
+    """Where the files of a job whose workers step together stand (one batch each per global step): the
+    restores onto other worker counts, and the global step of the last one (its workers' plans begin there).
+    What a checkpoint of such a job keeps of its files, so that it can be restored onto another count."""
+
+    earlier: Tuple[Handover, ...] = ()
+    since_step: int = 0
+
+    def state(self, num_workers: int) -> dict:
+        return {"file_workers": num_workers, "file_since_step": self.since_step,
+                "file_earlier": [[h.num_workers, list(h.batches)] for h in self.earlier]}
+
+    @classmethod
+    def restored(cls, state: object, step: int, num_workers: int) -> "StepPositions":
+        """The positions after restoring a checkpoint's `state()` at global step `step` into `num_workers`
+        workers: one more restore when the checkpoint had another count (each of its workers trained
+        `step - since_step` batches of its plan). A checkpoint without them (written by an older towerflow,
+        or with a data_state of the user's) says nothing: the files go on from the step."""
+        if not isinstance(state, dict) or "file_workers" not in state:
+            return cls()
+        earlier = tuple(Handover(int(n), tuple(int(c) for c in b)) for n, b in state.get("file_earlier") or ())
+        since, workers = int(state.get("file_since_step", 0)), int(state["file_workers"])
+        if workers != num_workers:
+            return cls(earlier + (Handover(workers, (step - since,) * workers),), step)
+        return cls(earlier, since)
+
+    def resume(self, step: int) -> Resume:
+        return Resume(step - self.since_step, self.earlier)

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from towerflow import taskenv as _taskenv
-from towerflow.data.file_regroup import Resume
+from towerflow.data.file_regroup import Resume, StepPositions
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
@@ -77,6 +77,7 @@ class Strategy:
     towers_per_process = 1
     # The stream of the last `distribute_files` (its position goes into the metrics records); None before.
     file_stream: Optional["FileStream"] = None
+    _file_positions = StepPositions()  # restores onto other worker counts (`restore_files_checkpoint`)
 
     def __init__(
         self,
@@ -254,9 +255,19 @@ class Strategy:
         return out
 
     def _files_resume(self) -> Resume:
-        """Where this worker's files stand when its stream starts: `_batches_trained()`; a strategy whose job may
-        have been restored onto another number of workers adds the restores (`file_regroup.Resume`)."""
-        return Resume(self._batches_trained())
+        """Where this worker's files stand when its stream starts: one batch per global step since the last
+        restore onto another number of workers (and those restores)."""
+        return self._file_positions.resume(self._batches_trained())
+
+    def files_checkpoint(self) -> dict:
+        """What a checkpoint keeps of the files (MonitoredTrainingSession adds it to its data state): the
+        workers that read them and the restores that made their plans."""
+        return self._file_positions.state(self._num_shards)
+
+    def restore_files_checkpoint(self, state: Any, step: int) -> None:
+        """A checkpoint's `files_checkpoint()` at global step `step`: a job restored onto another number of
+        workers reads the old workers' remainders first (docs/data.md)."""
+        self._file_positions = StepPositions.restored(state, step, self._num_shards)
 
     def _batches_trained(self) -> int:
         """Batches this process has trained in the run so far: one per global step when every replica steps

@@ -279,6 +279,13 @@ class ParameterServerStrategy(Strategy):
         restored from a checkpoint, which keeps the clocks."""
         return resume_point(self.client.clock_at_ps(), self.client.pushes, self.local_steps)
 
+    def files_checkpoint(self) -> dict:
+        """Nothing: the ps tasks' own checkpoints keep every worker's clock (and an earlier job's workers')."""
+        return {}
+
+    def restore_files_checkpoint(self, state: Any, step: int) -> None:
+        """Nothing: a restored ps tells each worker where it stands (`_files_resume`)."""
+
     def shutdown(self) -> None:
         """finish(), then, when this strategy started the task's server, wait for the others and leave."""
         self.finish()
