@@ -98,7 +98,7 @@ def _first(stream, n: int):
     return [b[1][:, 0].tolist() for b, _ in zip(stream, range(n))]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("ps,old,new,trained", [
     (1, 2, 3, 6), (1, 3, 2, 4),  # every old worker stops mid-epoch
     (0, 2, 3, 6),  # all-reduce replicas: the checkpoint says how many there were

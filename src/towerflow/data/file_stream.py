@@ -99,11 +99,14 @@ class FileStream:
     def seek_batches(self, done: int) -> None:
         """Go to the position after `done` batches from the start of the plan: where a worker that trained that
         many stands (an epoch has ceil(records / batch_size) batches, its last one short)."""
+        self._seek(done)
+        self._placed = True
+
+    def _seek(self, done: int) -> None:
         for i, span in enumerate(self.plan.spans):
             left = self.batches_per_epoch(span.worker, span.num_workers) - span.first
             if done < left:
                 self.span, self.epoch, self.taken = i, span.epoch, (span.first + done) * self.batch_size
-                self._placed = True
                 return
             done -= left
         per_epoch = self.batches_per_epoch(self.worker, self.num_workers)
@@ -111,11 +114,12 @@ class FileStream:
             raise DataError(f"worker {self.worker} of {self.num_workers} has no records in {len(self.units)} units")
         self.span = len(self.plan.spans)
         self.epoch, self.taken = self.plan.first_epoch + done // per_epoch, (done % per_epoch) * self.batch_size
-        self._placed = True
 
     def _regroup(self, earlier: Sequence[Handover]) -> None:
+        """Read the plan these restores make; the position is its start until told otherwise."""
         self.earlier = tuple(earlier)
         self.plan = file_regroup.plan_for(self.worker, self.num_workers, self.earlier, self.batches_per_epoch)
+        self._seek(0)
 
     def _records_of(self, index: int) -> int:
         unit = self._all_units[index]
@@ -140,8 +144,6 @@ class FileStream:
         made with `resume` first goes to where the worker's training stands (a restarted or restored worker)."""
         if self._resume is not None and not self._placed:
             self._go_to(self._resume())
-        elif self.earlier and not self._placed:
-            self.seek_batches(0)
         q: "queue.Queue" = queue.Queue(self.read_ahead)
         stop = threading.Event()
         reader = threading.Thread(target=self._produce, args=(q, stop, self.span, self.epoch, self.taken),
