@@ -152,8 +152,8 @@ class StepPositions:
     def restored(cls, state: object, step: int, num_workers: int) -> "StepPositions":
         """The positions after restoring a checkpoint's `state()` at global step `step` into `num_workers`
         workers: one more restore when the checkpoint had another count (each of its workers trained
-        `step - since_step` batches of its plan). A checkpoint without them (written by an older towerflow,
-        or with a data_state of the user's) says nothing: the files go on from the step."""
+        `step - since_step` batches of its plan). A checkpoint without them says nothing: the files go
+        on from the step."""
         if not isinstance(state, dict) or "file_workers" not in state:
             return cls()
         earlier = tuple(Handover(int(n), tuple(int(c) for c in b)) for n, b in state.get("file_earlier") or ())

@@ -126,7 +126,8 @@ class MonitoredTrainingSession:
         self._set_global_step(self.restored.step)
         restore_files = getattr(self.strategy, "restore_files_checkpoint", None)
         if restore_files is not None:  # where its files stand, also on another number of workers
-            restore_files(self.restored.data_state, self.restored.step)
+            extra = self.restored.extra if isinstance(self.restored.extra, dict) else {}
+            restore_files(extra.get("files"), self.restored.step)
         if self.metrics is not None:
             self.metrics.write(self.global_step, event=f"restored {os.path.basename(self.restored.path)}")
 
@@ -165,9 +166,9 @@ class MonitoredTrainingSession:
     def save_checkpoint(self) -> Optional[str]:
         if self.checkpoints is None:
             return None
-        data = self._data_state() if self._data_state is not None else {"global_step": self.global_step,
-                                                                         **self._files_checkpoint()}
-        path = self.checkpoints.save(self.global_step, self.model, self.optimizer, data_state=data)
+        data = self._data_state() if self._data_state is not None else {"global_step": self.global_step}
+        path = self.checkpoints.save(self.global_step, self.model, self.optimizer, data_state=data,
+                                     extra={"files": self._files_checkpoint()})
         if self.metrics is not None:
             self.metrics.write(self.global_step, event=f"checkpoint {os.path.basename(path)}")
         return path

@@ -260,7 +260,7 @@ class Strategy:
         return self._file_positions.resume(self._batches_trained())
 
     def files_checkpoint(self) -> dict:
-        """What a checkpoint keeps of the files (MonitoredTrainingSession adds it to its data state): the
+        """What a checkpoint keeps of the files (MonitoredTrainingSession saves it with every checkpoint): the
         workers that read them and the restores that made their plans."""
         return self._file_positions.state(self._num_shards)
 
