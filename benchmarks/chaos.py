@@ -145,6 +145,7 @@ def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: ra
         first_step = None
         while job.running() and time.monotonic() - t0 < timeout:
             time.sleep(0.05)
+            job.output.poll()  # every line stamped within 50 ms of its writing: the recovery times rest on it
             if first_step is None:
                 first_step = job.output.first(re.compile(r"\[worker:0\] step \d+/"))
                 next_kill = (first_step or 0) + every
