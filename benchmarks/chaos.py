@@ -1,6 +1,6 @@
 """Chaos: SIGKILL a random task (or a whole host) every K seconds for a whole run, and report what it cost.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host] [--every 30]
+    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host] [--store etcd] [--every 30]
         [--steps 20000] [--mode async] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
 
 The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`,
@@ -213,6 +213,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--hosts", type=int, choices=(1, 3), default=1)
     p.add_argument("--kill", choices=("task", "host"), default="task")
+    p.add_argument("--store", choices=("embedded", "etcd"), default="embedded",
+                   help="--hosts 3: the rendezvous in the coordinator task (embedded) or a 3-member etcd on the hosts")
     p.add_argument("--every", type=float, default=30.0, help="seconds between kills")
     p.add_argument("--steps", type=int, default=20000, help="global steps of each run")
     p.add_argument("--mode", default="async", choices=("async", "sync", "ssp"))
@@ -226,6 +228,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     args = p.parse_args(argv)
     if args.kill == "host" and args.hosts == 1:
         p.error("--kill host needs --hosts 3: with one host, losing it ends the job by definition")
+    if args.store == "etcd" and args.hosts == 1:
+        p.error("--store etcd needs --hosts 3: on one host the launcher holds the store and outlives every task")
     job_argv = [str(ROOT / "examples" / "mnist_ps.py"), "--data", args.data, "--mode", args.mode,
                 "--steps", str(args.steps), "--save-checkpoint-steps", "100"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")}
@@ -239,7 +243,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
         else:
             from _chaos_hosts import NamespaceHosts
 
-            make = lambda work=work: NamespaceHosts(work, job_argv, env)  # noqa: E731
+            store = None if args.store == "embedded" else args.store
+            make = lambda work=work: NamespaceHosts(work, job_argv, env, store)  # noqa: E731
         results[name] = run_job(make, kill, args.every, args.timeout, random.Random(args.seed), args.max_kills)
         print(f"{name}: exit {results[name]['exit_code']}, {results[name]['wall_s']} s, accuracy "
               f"{results[name]['accuracy']}, {len(results[name]['kills'])} kills", flush=True)
