@@ -4,10 +4,10 @@
         [--steps 20000] [--mode async] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
 
 The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`,
-a checkpoint every 100 global steps. First an undisturbed run of the same job, then the chaos run;
-both run `--steps` global steps, so the efficiency is the undisturbed run's wall time over the chaos
-run's (its global steps/s against the undisturbed ones). `--hosts 1`: one `towerflow launch` runs the
-whole cluster. `--hosts 3` (root, `ip netns`): the ps and the two workers each on a network-namespace
+a checkpoint every 100 global steps. An undisturbed run of the same job, the chaos run, and an
+undisturbed run again (the machine's load drifts); all run `--steps` global steps, so the efficiency
+is the undisturbed runs' mean wall time over the chaos run's (its global steps/s against theirs).
+`--hosts 1`: one `towerflow launch` runs the whole cluster. `--hosts 3` (root, `ip netns`): the ps and the two workers each on a network-namespace
 host with a launcher of its own (`--cluster FILE`); `--kill host` there kills a host's launcher with
 every task on it, then starts that launcher again, as a machine that reboots.
 
@@ -194,14 +194,17 @@ def _steps_lost(output: Output) -> int:
     return lost
 
 
-def summarize(clean: Optional[dict], chaos: dict, every: float) -> dict:
+def summarize(cleans: List[dict], chaos: dict, every: float) -> dict:
+    """Efficiency: the undisturbed runs' mean wall time over the chaos run's, for the same global steps."""
     times = [k["recovered_s"] for k in chaos["kills"] if k["recovered_s"] is not None]
+    clean_wall = statistics.mean(c["wall_s"] for c in cleans) if cleans else None
     return {
         "every_s": every,
         "kills": len(chaos["kills"]),
         "unrecovered": sum(k["recovered_s"] is None for k in chaos["kills"]),
-        "efficiency": round(clean["wall_s"] / chaos["wall_s"], 3) if clean and chaos["exit_code"] == 0 else None,
-        "accuracy_clean": clean["accuracy"] if clean else None, "accuracy_chaos": chaos["accuracy"],
+        "clean_wall_s": [c["wall_s"] for c in cleans], "chaos_wall_s": chaos["wall_s"],
+        "efficiency": round(clean_wall / chaos["wall_s"], 3) if cleans and chaos["exit_code"] == 0 else None,
+        "accuracy_clean": [c["accuracy"] for c in cleans], "accuracy_chaos": chaos["accuracy"],
         "recovery_median_s": statistics.median(times) if times else None,
         "recovery_worst_s": max(times) if times else None,
         "steps_lost": chaos["steps_lost"],
@@ -234,8 +237,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
                 "--steps", str(args.steps), "--save-checkpoint-steps", "100"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")}
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="towerflow-chaos-"))
-    results = {"clean": None}
-    for name, kill in (("clean", None), ("chaos", args.kill))[1 if args.no_clean else 0:]:
+    results = {"clean": None, "clean_after": None}
+    # clean, chaos, clean again: the machine's load drifts, and the chaos run is held against both
+    order = [("chaos", args.kill)] if args.no_clean else [("clean", None), ("chaos", args.kill), ("clean_after", None)]
+    for name, kill in order:
         work = out / name
         work.mkdir(parents=True, exist_ok=True)
         if args.hosts == 1:
@@ -250,7 +255,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
               f"{results[name]['accuracy']}, {len(results[name]['kills'])} kills", flush=True)
         if results[name]["exit_code"] != 0:
             print(results[name]["tail"], file=sys.stderr)
-    result = {"args": vars(args), **results, "summary": summarize(results["clean"], results["chaos"], args.every)}
+    result = {"args": vars(args), **results,
+              "summary": summarize([r for r in (results["clean"], results["clean_after"]) if r], results["chaos"],
+                                   args.every)}
     print(json.dumps(result["summary"], indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
