@@ -44,10 +44,9 @@ _ACCURACY = re.compile(r"\[worker:0\] test accuracy: (\d\.\d+)")
 
 
 def recovered_line(task: str) -> re.Pattern:
-    """The line that says `task` is back in training after a kill."""
-    if task.startswith("/job:ps/"):
-        return re.compile(re.escape(task) + r" is back")
-    return re.compile(re.escape(task) + r" (rejoined training|\(restart \d+\) has nothing to rejoin)")
+    """The line that says `task` is back after a kill: a restored ps (the workers say so), a worker training
+    again, or a restart that found the training over (it exits 0)."""
+    return re.compile(re.escape(task) + r"( is back| rejoined training| \(restart \d+\) has nothing to rejoin)")
 
 
 class Output:
