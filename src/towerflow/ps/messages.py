@@ -61,6 +61,9 @@ class Endpoints:
     load_state = Endpoint("load_state")
     values = Endpoint("values")
     table_values = Endpoint("table_values")
+    holds = Endpoint("holds")
+    replicate = Endpoint("replicate")  # ps to ps: an op for a mirror (replication_messages.py)
+    mirror_state = Endpoint("mirror_state")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +102,8 @@ class CreateShards:
     table_values: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # this task's shards, when sent
     row_optimizer: Optional[RowOptimizer] = None
     restored_for: Tuple[str, ...] = ()  # a restore after these restarted ps incarnations (their call names) came back
+    backup_task: Optional[int] = None  # --ps-replicas 2: the ps task that mirrors this one's part
+    snapshot: Optional[Any] = None  # a ServiceSnapshot from the mirror: restore a lost primary to it
 
 
 @dataclasses.dataclass(frozen=True)

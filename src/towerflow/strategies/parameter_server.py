@@ -33,7 +33,7 @@ from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.layout import Layout, Partition, plan_layout
 from towerflow.ps.messages import PolicySpec
 from towerflow.ps.server.policies import make_policy
-from towerflow.ps.server.service import check_optimizer
+from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
 from towerflow.ps.worker.client import PSClient

@@ -1,0 +1,218 @@
+"""Replicated ps shards without a cluster: a primary `ShardService` forwarding to a `Mirror` through a fake
+connection the test drives (frames pickled as the wire would, acknowledged when the test says)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+import torch
+
+from towerflow.ps.layout import plan_layout
+from towerflow.ps.messages import PushPull, RowPush, RowRead, Ticket
+from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.mirror import Mirror
+from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
+from towerflow.ps.server.replication import Replicator
+from towerflow.ps.server.service import ShardService
+from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import SparseAdam
+from towerflow.ps.tables.table_shards import TableShards
+
+
+class Lost(RuntimeError):
+    """What the fake connection fails a frame with when the backup is gone."""
+
+
+class FakeLink:
+    """The one ordered connection from a primary to its backups: frames queue until `flush` delivers them."""
+
+    def __init__(self):
+        self.mirrors = {}  # backup name -> Mirror
+        self.queue = []  # (to, frame, future)
+        self.restarted = {}  # backup task -> the name its next incarnation has
+
+    def call(self, to, frame):
+        future = torch.futures.Future()
+        self.queue.append((to, pickle.loads(pickle.dumps(frame)), future))
+        return future
+
+    def flush(self, order=None):
+        queue, self.queue = self.queue, []
+        for i in (order or range(len(queue))):
+            to, frame, future = queue[i]
+            mirror = self.mirrors.get(to)
+            if mirror is None:
+                future.set_exception(Lost(f"{to} is gone"))
+            else:
+                future.set_result(mirror.receive(frame))
+
+    def wait_for_restart(self, task, lost, cause):
+        return self.restarted[task]
+
+
+def _service(policy, num_workers=1, tables=None, values=None):
+    values = values or {"w": torch.arange(6.0).reshape(2, 3), "b": torch.zeros(3)}
+    layout = plan_layout(values, 1)
+    return ShardService(layout.on_task(0), layout.pack(0, values), torch.optim.Adam, {"lr": 0.1}, policy,
+                        num_workers, tables)
+
+
+def _replicated(service, link, backup="ps:1"):
+    said = []
+    replica = Replicator("model", 0, "ps:0", 1, service._lock, lambda: _snapshot.take(service), link.call,
+                         lambda e: isinstance(e, Lost), link.wait_for_restart, said.append)
+    service.replica = replica
+    link.mirrors[backup] = Mirror("model", 0)
+    replica.seed(backup)
+    link.flush()
+    return replica, said
+
+
+def _equal(x, y) -> bool:
+    """Structural equality, tensors compared by value (pickles of equal tensors may differ)."""
+    if isinstance(x, torch.Tensor):
+        return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return type(x) is type(y) and len(x) == len(y) and all(_equal(a, b) for a, b in zip(x, y))
+    return x == y
+
+
+def _same(a: ShardService, b: ShardService) -> None:
+    sa, sb = _snapshot.take(a), _snapshot.take(b)
+    for d in sa.values:
+        assert torch.equal(sa.values[d], sb.values[d])
+    assert _equal(sa.optimizer_state, sb.optimizer_state)
+    ca, cb = sa.coordinator, sb.coordinator
+    assert (ca.global_step, ca.clocks, ca.active, ca.held, dict(ca.pushes_by_worker), ca.applied_updates) == \
+           (cb.global_step, cb.clocks, cb.active, cb.held, dict(cb.pushes_by_worker), cb.applied_updates)
+    assert (sa.summed, sa.lr, sa.push_kind) == (sb.summed, sb.lr, sb.push_kind)
+    if sa.tables is not None:
+        assert _equal(sa.tables.state_dict(), sb.tables.state_dict())
+
+
+def _grads(service, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(f.shape, generator=g) for f in service.flats]
+
+
+def test_a_reply_waits_for_the_backups_ack_and_the_mirror_ends_equal():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    _replicated(primary, link)
+    ticket = primary.pull(0).wait().ticket
+    for step in range(5):
+        reply = primary.push_pull(PushPull(0, ticket, _grads(primary, step), 0.1 / (step + 1), step + 1))
+        assert not reply.done()  # the backup has not acknowledged the push yet
+        link.flush()
+        assert reply.done()
+        ticket = reply.value().pulled.ticket
+    _same(primary, link.mirrors["ps:1"].service)
+    m = primary.replica.metrics()
+    assert (m["ops_forwarded"], m["lag"], m["degraded"], m["seeds"]) == (6, 0, False, 1)
+
+
+def test_sync_held_gradients_finish_and_rejoin_replicate_in_order():
+    """Two workers in sync: a held gradient, a restarted worker's rejoin, a finish: the mirror decides alike,
+    even when the frames arrive out of order."""
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), num_workers=2)
+    _replicated(primary, link)
+    t = Ticket(0)
+    primary.push(0, t, _grads(primary, 1), 0.1)
+    primary.rejoin(0, restarted=True)
+    primary.push(1, t, _grads(primary, 2), 0.1)
+    primary.push(0, Ticket(1), _grads(primary, 3), 0.1)  # held: worker 1 has not pushed step 1
+    link.flush(order=[3, 1, 0, 2])
+    _same(primary, link.mirrors["ps:1"].service)
+    assert link.mirrors["ps:1"].service.coordinator.held == [0]
+    primary.finish(1)  # the held gradient is now a full set and is applied
+    link.flush()
+    _same(primary, link.mirrors["ps:1"].service)
+    assert primary.coordinator.global_step == 2
+
+
+def test_ssp_and_local_step_deltas_replicate():
+    link = FakeLink()
+    primary = _service(SSPPolicy(1), num_workers=2)
+    _replicated(primary, link)
+    for step in range(3):
+        for w in (0, 1):
+            primary.push(w, Ticket(primary.coordinator.global_step, gap=w), _grads(primary, 10 * step + w), None,
+                         kind="delta")
+    link.flush()
+    _same(primary, link.mirrors["ps:1"].service)
+
+
+def test_hash_tables_admissions_and_held_rows_replicate():
+    """A hash table's sightings (a read admits ids) and a sync step's held rows reach the mirror."""
+    spec = TableSpec("h", None, 2, torch.float32, 1, "hash", init_std=0.1, seed=3, admit_after=2)
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), 2, TableShards(0, [spec], SparseAdam(lr=0.1)))
+    _replicated(primary, link)
+    keys = (torch.tensor([5, 7, 11]),)
+    for step in range(3):
+        for w in (0, 1):
+            primary.read_rows(RowRead(w, ("h",), keys))
+            rows = RowPush(("h",), keys, (torch.full((3, 2), float(step + w)),))
+            primary.push(w, Ticket(step), _grads(primary, step), 0.1, rows)
+        link.flush()
+    mirror = link.mirrors["ps:1"].service
+    _same(primary, mirror)
+    # and the mirror goes on as the primary does: a fresh read admits the same new id with the same random row
+    new = RowRead(0, ("h",), (torch.tensor([99]),))
+    for _ in range(2):
+        assert torch.equal(primary.read_rows(new)[0], mirror.read_rows(new)[0])
+
+
+def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, said = _replicated(primary, link)
+    del link.mirrors["ps:1"]  # the backup dies
+    ticket = primary.pull(0).wait().ticket
+    reply = primary.push_pull(PushPull(0, ticket, _grads(primary, 1), None, 1))
+    link.restarted[1] = "ps:1:r1"
+    link.mirrors["ps:1:r1"] = Mirror("model", 0)
+    link.flush()  # the frame fails: the reply goes at once, and the watcher seeds the new incarnation
+    assert reply.done() and "going on unreplicated" in said[0]
+    for _ in range(100):  # the watcher thread seeds, then the seed is delivered
+        if replica.backup == "ps:1:r1":
+            break
+
+        time.sleep(0.01)
+    assert replica.backup == "ps:1:r1" and replica.backup_losses == 1
+    link.flush()
+    reply = primary.push_pull(PushPull(0, reply.wait().pulled.ticket, _grads(primary, 2), None, 2))
+    link.flush()
+    assert reply.done()
+    _same(primary, link.mirrors["ps:1:r1"].service)
+
+
+@pytest.mark.parametrize("lost_before_ack", [False, True])
+def test_a_primary_restored_from_its_mirror_continues_exactly_as_the_unkilled_one(lost_before_ack):
+    """The primary dies with one push forwarded (acked or not): a fresh service restored from the mirror, then
+    given the pushes the mirror does not count, ends equal to a primary that never died."""
+    reference = _service(SyncPolicy(2, 2), 2)
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), 2)
+    _replicated(primary, link)
+    pushes = [(w, Ticket(s), _grads(primary, 10 * s + w)) for s in range(3) for w in (0, 1)]
+    for w, t, g in pushes[:3]:
+        reference.push(w, t, g, 0.1)
+        primary.push(w, t, g, 0.1)
+    if lost_before_ack:
+        link.queue.pop()  # the last push never reached the backup
+    link.flush()
+    restored = _service(SyncPolicy(2, 2), 2)
+    _snapshot.install(restored, link.mirrors["ps:1"].state().snapshot)
+    counted = restored.coordinator.pushes_by_worker[pushes[2][0]]
+    assert counted == (1 if lost_before_ack else 2)
+    for w, t, g in pushes[2 if lost_before_ack else 3:]:  # the worker pushes again what was not counted
+        restored.push(w, t, g, 0.1)
+    for w, t, g in pushes[3:]:
+        reference.push(w, t, g, 0.1)
+    _same(reference, restored)
