@@ -15,16 +15,31 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
+from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.messages import RowPush, RowRead, Ticket
+from towerflow.taskenv import MAX_PS_REPLICAS
 
-# How many ps tasks hold each shard: 1 (the primary alone) or 2 (a primary and one backup).
-MAX_PS_REPLICAS = 2
+
+def check_ps_replicas(replicas: object, num_ps: int) -> int:
+    """`ps_replicas` as given, when it is 1, or 2 with at least two ps tasks; else an error saying what to change."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= min(MAX_PS_REPLICAS, num_ps):
+        raise ParameterServerError(
+            f"ps_replicas={replicas!r} with {num_ps} ps task(s): expected 1 (each ps task's part on it alone) or "
+            f"{MAX_PS_REPLICAS} (and a mirror on the next ps task, which needs at least 2 ps tasks); launch with "
+            f"--ps-replicas 1 or 2 and --ps 2 or more"
+        )
+    return replicas
 
 
 def backup_of(task: int, num_ps: int) -> int:
     """The ps task that mirrors `task`'s shards: the next one round the ring."""
     return (task + 1) % num_ps
+
+
+def backup_for(task: int, num_ps: int, replicas: int) -> Optional[int]:
+    """The ps task that mirrors `task`'s shards with `replicas` copies of each; None with one copy."""
+    return backup_of(task, num_ps) if replicas > 1 else None
 
 
 def primary_of(backup: int, num_ps: int) -> int:

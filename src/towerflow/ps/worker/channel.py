@@ -35,6 +35,7 @@ class Channel:
         self.direct = None  # else this worker's own connection for its steps (cluster/direct.py), opened on the first
         self._views: List[tuple] = []  # (a reply slot's tensors, the parameters' views into them), per slot
         self.link_tried_for: Optional[str] = None  # the ps incarnation (RPC name) a link was last offered to
+        self.sent: Optional[tuple] = None  # (push buffer set, PushPull) of the last step sent here
 
     def use_link(self, link) -> None:
         """Steps go over `link` from now on: its request slots become the push buffers (packing writes into them)."""

@@ -24,6 +24,7 @@ from towerflow.ps.worker import reshard as _reshard
 from towerflow.ps.worker.channel import Channel
 from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PolicySpec, Pulled, PushPull, PushPulled,
                                    Rejoined, RowPush, RowRead)
+from towerflow.ps.replication_messages import backup_for
 from towerflow.ps.tables import TableSpec
 
 
@@ -58,6 +59,7 @@ class PSClient:
         self.device = device
         self.policy = policy
         self.prefetch = prefetch
+        self.ps_replicas = 1  # copies of each ps task's part (2: a mirror on the next ps task, docs/fault-tolerance.md)
         self.layout: Optional[Layout] = None
         self.channels: List[Channel] = []
         self.pushes = 0  # this worker's clock: pushes sent (and, after a loss, kept by the ps)
@@ -112,18 +114,18 @@ class PSClient:
         return rejoined
 
     def create(self, ch: Channel, state: Optional[dict] = None, finished: Sequence[int] = (), open_now: bool = False,
-               restored_for: Sequence[str] = ()):
-        """Ask `ch`'s ps task to hold its shards (with `state`, a checkpoint, when restoring); a future of the step."""
+               restored_for: Sequence[str] = (), snapshot: Any = None):
+        """Ask `ch`'s ps task to hold its shards, restoring `state` (a checkpoint) or `snapshot` (its mirror's): a future."""
         cls, settings = self._optimizer
         shard_values = {}
         for name, value in self._table_values.items():
             spec = self.tables[name]
             rows, _ = spec.route(torch.arange(spec.rows))
             shard_values[name] = value.detach().to("cpu")[rows == ch.task]
-        request = CreateShards(ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy,
-                               state, tuple(finished), open_now, ch.task, tuple(self.tables.values()), shard_values,
-                               self._row_optimizer, tuple(restored_for))
-        return self.call(ch, Endpoints.create, request)
+        return self.call(ch, Endpoints.create, CreateShards(
+            ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy, state, tuple(finished),
+            open_now, ch.task, tuple(self.tables.values()), shard_values, self._row_optimizer, tuple(restored_for),
+            backup_for(ch.task, self.layout.num_ps, self.ps_replicas), snapshot))
 
     def rejoin(self, restarted: bool, wait_open: bool = True, after_restore_of: Optional[str] = None) -> List[Rejoined]:
         """Learn this worker's place at every ps task after a loss (`after_restore_of`: once the chief restored
@@ -135,9 +137,8 @@ class PSClient:
         return rejoined
 
     def clock_at_ps(self) -> Rejoined:
-        """The pushes the ps tasks counted from this worker, asked without rejoining: a job restored from a
-        checkpoint keeps each worker's count (and says how many workers it had), which a fresh worker's own
-        clock does not know."""
+        """The pushes the ps tasks counted from this worker, asked without rejoining (a job restored from a
+        checkpoint keeps each worker's count and its number of workers, which a fresh worker does not know)."""
         rejoined = self.on_all(Endpoints.rejoin, self.worker, False, False, None)
         return max(rejoined, key=lambda r: r.pushes)
 
@@ -184,6 +185,7 @@ class PSClient:
     def _push_pull_call(self, ch: Channel, slot: int, request: PushPull):
         """The step's call to one ps task: over its same-host link when it has one, else over this thread's
         direct channel to it (cluster/direct.py); what `wait` reads a `PushPulled` from."""
+        ch.sent = (slot, request)  # sent again, exactly, when the ps is lost and its mirror lacks it (recovery.py)
         with _lost_as_pslost(ch):
             if ch.link is not None and request.rows is None:
                 return linked.push_pull(ch.link, slot, request)

@@ -1,20 +1,25 @@
 """Losing a ps task mid-training, and going on: the worker's side of docs/fault-tolerance.md.
 
 The launcher restarts a lost ps task empty. Every worker waits for it (`Server.wait_for_restart`);
-the chief then puts every ps task back to the newest checkpoint while the others wait for that,
-and all go on from it. A training step that was in flight is lost with the ps; any other wire
-operation is run again once the ps is back (`Recovery.guarded`).
+the chief then puts it back while the others wait for that, and all go on. With replicated shards
+(`--ps-replicas 2`) the chief restores only the lost task, from its mirror (`from_mirrors.py`), and
+a training step in flight is finished exactly: each ps task that does not count this worker's push
+gets it again, the others answer the pull the step would have made. Otherwise, or when a part's
+every replica is lost, every ps task goes back to the newest checkpoint and the step in flight is
+lost with the ps. Any other wire operation is run again once the ps is back (`Recovery.guarded`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from towerflow.errors import ParameterServerError
-
+from towerflow.ps.messages import Endpoints
+from towerflow.ps.worker import from_mirrors
 from towerflow.ps.worker.client import PSClient, PSLost
 
 
@@ -31,15 +36,22 @@ class Recovery:
         print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
 
     def guarded(self, op: Callable[[], Any], retry: bool = True) -> Any:
-        """Run a wire operation; when a ps is lost, recover and run it again (`retry`), or return None
-        (a training step: its gradient is lost with the ps)."""
+        """Run a wire operation; when a ps is lost, recover and run it again (`retry`). A training step
+        (`retry=False`) is finished exactly when the lost ps came back from its mirror, else it returns
+        None (its gradient is lost with the ps)."""
+        sent: Optional[Dict[int, int]] = None
+        clock = self.client.pushes
         while True:
             try:
                 return op()
             except PSLost as lost:
+                if sent is None:  # what this step had sent to each ps task, before a rejoin resets the counts
+                    sent, clock = {ch.task: ch.pushes for ch in self.client.channels}, self.client.pushes
                 self.recover(lost)
                 if not retry:
-                    return None
+                    if not self.recoveries[-1].get("from_mirrors"):
+                        return None
+                    op = lambda: self._finish_step(sent, clock)  # noqa: E731
 
     def recover(self, lost: PSLost) -> None:
         """Wait for the launcher to restart the lost ps; the chief restores every ps task, all pull
@@ -67,24 +79,59 @@ class Recovery:
                 lost_tasks[again.task] = again
         took = time.monotonic() - seen
         tasks = sorted(lost_tasks)
+        from_mirror = self.server.lookup(from_mirrors.outcome_key(client.model_name, back_as[-1])) == "mirror"
         record = {"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                   "resumed_at_step": client.global_step, "steps_lost": max(0, before - client.global_step),
-                  "seconds": round(took, 2)}
-        if source is not None:
+                  "seconds": round(took, 2), "from_mirrors": from_mirror}
+        if isinstance(source, str):
             record["checkpoint"] = source
         self.recoveries.append(record)
-        what = f"restored every ps task from {os.path.basename(source)}" if source else "the chief restored the ps tasks"
+        if from_mirror:
+            what, lost_what = "the chief restored it from its mirror", "nothing (the step in flight is sent again)"
+        else:
+            what = (f"restored every ps task from {os.path.basename(source)}" if isinstance(source, str)
+                    else "the chief restored the ps tasks")
+            lost_what = f"{record['steps_lost']} global steps since that checkpoint and the gradient in flight"
         for task in tasks:
             back_at = next((ch.to for ch in client.channels if ch.task == task), "?")
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
-                      f"lost: {record['steps_lost']} global steps since that checkpoint and the gradient in flight; "
-                      f"{took:.2f} s from seeing the loss to training again")
+                      f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
 
-    def restore_ps(self) -> str:
-        """Chief: put every ps task back to the newest checkpoint (a restarted one comes back empty); its path.
-        The restore counts for every ps incarnation now current: a worker waiting to rejoin after any of them
-        came back (`rejoin(after_restore_of=...)`) goes on, whichever losses the chief itself noticed."""
+    def _finish_step(self, sent: Dict[int, int], clock: int) -> None:
+        """The training step a lost ps interrupted, finished as if nothing had happened: its push again to each ps
+        task that does not count it (restored from a mirror the push had not reached), and to the others the pull
+        it made (a sync pull still waits for the aggregated update)."""
         client = self.client
+        calls = []
+        for ch in client.channels:
+            if ch.sent is None:
+                continue
+            slot, request = ch.sent
+            if ch.pushes < sent.get(ch.task, 0):
+                ch.pushes += 1
+                calls.append((ch, client._push_pull_call(ch, slot, dataclasses.replace(request, grads=ch.gather(slot)))))
+            else:
+                calls.append((ch, client.call(ch, Endpoints.pull, client.worker, request.clock, request.after_step)))
+        client.pushes = max(client.pushes, clock)
+        by_task = {ch.task: f for ch, f in calls}
+        client.install([by_task[ch.task] if ch.task in by_task else client.call(ch, Endpoints.pull, client.worker, ch.pushes)
+                        for ch in client.channels])
+
+    def restore_ps(self) -> Optional[str]:
+        """Chief: put the ps tasks back; the checkpoint's path, or None when the lost ones came back from their
+        mirrors (`--ps-replicas 2`, `from_mirrors.py`: the others keep their state). Otherwise every ps task goes
+        back to the newest checkpoint (a restarted one comes back empty; a part whose every replica was lost has
+        nothing newer). The restore counts for every ps incarnation now current: a worker waiting to rejoin after
+        any of them came back (`rejoin(after_restore_of=...)`) goes on, whichever losses the chief itself noticed."""
+        client = self.client
+        if client.ps_replicas > 1:
+            restored = from_mirrors.restore(client, self.server.publish)
+            if restored is not None:
+                for task, backup in sorted(restored.items()):
+                    self._say(f"restored /job:ps/task:{task} from its mirror on {backup}")
+                return None
+            self._say("a ps task lost every replica of its part (its backup was lost too, or restarted since it "
+                      "was last seeded): restoring every ps task from the newest checkpoint")
         restored_for = [ch.to for ch in client.channels]
         found = self.restore_source() if self.restore_source is not None else None
         if found is None:
@@ -96,6 +143,8 @@ class Recovery:
         step, path, state = found
         parts = (state or {}).get("ps") or {}
         finished = [w for w in range(client.policy.num_workers) if self.server.lookup(client.finished_key(w)) is not None]
+        for ch in client.channels:
+            self.server.publish(from_mirrors.outcome_key(client.model_name, ch.to), "checkpoint")
         calls = []
         for ch in client.channels:
             part = parts.get(ch.task, parts.get(str(ch.task)))
