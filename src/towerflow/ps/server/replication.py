@@ -31,6 +31,11 @@ from towerflow.ps.replication_messages import ReplicaFrame, ReplicaOp, SeedOp, S
 Released = List[Tuple[torch.futures.Future, object]]  # (a worker's reply future, its value)
 
 
+def _complete(released: Released) -> None:
+    for future, value in released:  # outside every lock: completing a future sends the reply
+        future.set_result(value)
+
+
 class Unreplicated:
     """The replica log of a shard that has no backup (`--ps-replicas 1`): nothing forwarded, replies at once."""
 
@@ -40,8 +45,7 @@ class Unreplicated:
         pass
 
     def deliver(self, released: Released) -> None:
-        for future, value in released:
-            future.set_result(value)
+        _complete(released)
 
     def settled(self, value: object) -> torch.futures.Future:
         future: torch.futures.Future = torch.futures.Future()
@@ -113,7 +117,7 @@ class Replicator:
             if self.backup is not None and self.acked < seq:
                 heapq.heappush(self._held, (seq, next(self._tiebreak), released))
                 return
-        Unreplicated.deliver(self, released)
+        _complete(released)
 
     def settled(self, value: object) -> torch.futures.Future:
         """A future of `value` that completes as `deliver` would complete it (for replies made outside it)."""
@@ -134,7 +138,7 @@ class Replicator:
             ready = []
             while self._held and self._held[0][0] <= self.acked:
                 ready += heapq.heappop(self._held)[2]
-        Unreplicated.deliver(self, ready)
+        _complete(ready)
 
     # ---- the backup's loss and return
     def _backup_failed(self, to: str, error: BaseException) -> None:
@@ -147,7 +151,7 @@ class Replicator:
             self.degraded_since = time.monotonic()
             ready = [r for _, _, released in self._held for r in released]
             self._held = []
-        Unreplicated.deliver(self, ready)
+        _complete(ready)
         what = "was lost" if lost else f"refused an op ({type(error).__name__}: {error})"
         self._say(f"the backup of /job:ps/task:{self.task}'s part of {self.model!r} ({to}) {what}; going on "
                   "unreplicated" + ("; it is seeded again once it is back" if lost else ""))

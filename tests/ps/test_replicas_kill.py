@@ -1,0 +1,70 @@
+"""`--ps-replicas 2` under SIGKILL: a job whose ps tasks are killed ends with exactly the ps values of the
+same job left alone, update for update (tests/ps/_replica_train.py: one worker async, or two in sync, on
+seeded batches; the chief kills ps tasks early, mid-run and after a checkpoint). And a part whose every
+replica is lost falls back to the newest checkpoint, with the loss reported."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import pytest
+import torch
+
+from tests.ps._launch import launch
+
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_replica_train.py")
+TIMEOUT = 150  # a launch's hard deadline; each run takes 10-30 s on the 2-core box, depending on its load
+
+
+def _launch(flags, folder, steps, model, kills) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return launch([*flags, "--ps-replicas", "2", "--max-restarts", "3", HELPER, str(folder), str(steps), model, kills],
+                  TIMEOUT)
+
+
+def _final(folder) -> dict:
+    return torch.load(os.path.join(folder, "final.pt"), weights_only=False)
+
+
+def _killed_and_left_alone(tmp_path, flags, steps, model, kills):
+    """The job with `kills` and without, at once; (killed run's final, reference final, killed run's output)."""
+    runs = {"killed": kills, "alone": "none"}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outputs = dict(zip(runs, pool.map(lambda k: _launch(flags, tmp_path / k, steps, model, runs[k]), runs)))
+    return _final(tmp_path / "killed"), _final(tmp_path / "alone"), outputs["killed"]
+
+
+CASES = {
+    "async-dense": (["--ps", "2", "--workers", "1"], 60, "dense", "5:1,25:0,45:1"),
+    "sync-dense": (["--ps", "2", "--workers", "2", "--mode", "sync"], 40, "dense", "6:0,25:1"),
+    "async-sparse": (["--ps", "2", "--workers", "1"], 50, "sparse", "4:0,23:1,43:0"),
+    "sync-sparse": (["--ps", "2", "--workers", "2", "--mode", "sync"], 40, "sparse", "7:1,26:0"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_killed_ps_task_loses_no_update(tmp_path, case):
+    flags, steps, model, kills = CASES[case]
+    killed, alone, output = _killed_and_left_alone(tmp_path, flags, steps, model, kills)
+    assert killed["global_step"] == alone["global_step"] == steps
+    for kind in ("variables", "tables"):
+        assert killed[kind].keys() == alone[kind].keys()
+        for name in alone[kind]:
+            assert torch.equal(killed[kind][name], alone[kind][name]), (kind, name)
+    recoveries = killed["recoveries"]
+    assert len(recoveries) == len(kills.split(",")), output
+    assert all(r["from_mirrors"] and r["steps_lost"] == 0 for r in recoveries), recoveries
+    assert output.count("the chief restored it from its mirror") >= len(recoveries)
+
+
+def test_a_part_with_every_replica_lost_comes_back_from_the_checkpoint(tmp_path):
+    """Three ps tasks, two killed at once: ps task 0's part lived on tasks 0 and 1, so it is gone; every ps task
+    goes back to the step-20 checkpoint, the chief says why, and training still ends."""
+    output = _launch(["--ps", "3", "--workers", "1"], tmp_path, 40, "dense", "26:0+1")
+    final = _final(tmp_path)
+    assert "lost every replica of its part" in output
+    (record,) = final["recoveries"]
+    assert not record["from_mirrors"] and "ckpt" in record["checkpoint"] and record["steps_lost"] > 0
+    # the worker takes its 40 steps: the ones since the checkpoint are gone, and the one in flight
+    assert 40 - record["steps_lost"] - 1 <= final["global_step"] <= 40 - record["steps_lost"]
