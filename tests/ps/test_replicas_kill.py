@@ -14,7 +14,8 @@ import torch
 from tests.ps._launch import launch
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_replica_train.py")
-TIMEOUT = 150  # a launch's hard deadline; each run takes 10-30 s on the 2-core box, depending on its load
+TIMEOUT = 150  # a launch's hard deadline (it then stops every task); a run takes 10-40 s on the 2-core box
+pytestmark = pytest.mark.timeout(TIMEOUT + 60)  # above the launch's, so that its own cleanup runs first
 
 
 def _launch(flags, folder, steps, model, kills) -> str:

@@ -39,14 +39,17 @@ class FakeLink:
         return future
 
     def flush(self, order=None):
-        queue, self.queue = self.queue, []
-        for i in (order or range(len(queue))):
+        """Deliver the queued frames, in `order` (indices into the queue; the others stay queued)."""
+        queue = self.queue
+        order = range(len(queue)) if order is None else order
+        self.queue = [f for i, f in enumerate(queue) if i not in set(order)]
+        for i in order:
             to, frame, future = queue[i]
             mirror = self.mirrors.get(to)
             if mirror is None:
                 future.set_exception(Lost(f"{to} is gone"))
             else:
-                future.set_result(mirror.receive(frame))
+                mirror.receive(frame).add_done_callback(lambda ack, f=future: f.set_result(ack.value()))
 
     def wait_for_restart(self, task, lost, cause):
         return self.restarted[task]
@@ -81,7 +84,11 @@ def _equal(x, y) -> bool:
     return x == y
 
 
-def _same(a: ShardService, b: ShardService) -> None:
+def _same(a: ShardService, b) -> None:
+    """`a` equals `b`, a service or a mirror (once it has applied what it holds)."""
+    if isinstance(b, Mirror):
+        b.wait_applied()
+        b = b.service
     sa, sb = _snapshot.take(a), _snapshot.take(b)
     for d in sa.values:
         assert torch.equal(sa.values[d], sb.values[d])
@@ -99,20 +106,26 @@ def _grads(service, seed):
     return [torch.randn(f.shape, generator=g) for f in service.flats]
 
 
-def test_a_reply_waits_for_the_backups_ack_and_the_mirror_ends_equal():
+def test_a_reply_waits_until_the_backup_holds_the_workers_previous_push():
+    """The worker keeps its last two pushes, so its reply waits only for the one before; a finish, which nobody
+    could send again, waits for everything."""
     link = FakeLink()
-    primary = _service(AsyncPolicy())
+    primary = _service(AsyncPolicy(), num_workers=2)
     _replicated(primary, link)
-    ticket = primary.pull(0).wait().ticket
-    for step in range(5):
-        reply = primary.push_pull(PushPull(0, ticket, _grads(primary, step), 0.1 / (step + 1), step + 1))
-        assert not reply.done()  # the backup has not acknowledged the push yet
-        link.flush()
-        assert reply.done()
-        ticket = reply.value().pulled.ticket
-    _same(primary, link.mirrors["ps:1"].service)
+    first = primary.push_pull(PushPull(0, Ticket(0), _grads(primary, 0), 0.1, 1))
+    assert first.done()  # no earlier push to wait for
+    second = primary.push_pull(PushPull(0, first.value().pulled.ticket, _grads(primary, 1), 0.05, 2))
+    assert not second.done()  # the first push is not at the backup yet
+    link.flush(order=[0])  # the backup acknowledges the first push only
+    assert second.done()
+    other = primary.push_pull(PushPull(1, Ticket(0), _grads(primary, 2), None, 1))
+    finished = primary.finish(1)
+    assert other.done() and not finished.done()  # worker 1's first push; a finish waits for every op
+    link.flush()
+    assert finished.done()
+    _same(primary, link.mirrors["ps:1"])
     m = primary.replica.metrics()
-    assert (m["ops_forwarded"], m["lag"], m["degraded"], m["seeds"]) == (6, 0, False, 1)
+    assert (m["ops_forwarded"], m["lag"], m["degraded"], m["seeds"]) == (5, 0, False, 1)
 
 
 def test_sync_held_gradients_finish_and_rejoin_replicate_in_order():
@@ -127,11 +140,11 @@ def test_sync_held_gradients_finish_and_rejoin_replicate_in_order():
     primary.push(1, t, _grads(primary, 2), 0.1)
     primary.push(0, Ticket(1), _grads(primary, 3), 0.1)  # held: worker 1 has not pushed step 1
     link.flush(order=[3, 1, 0, 2])
-    _same(primary, link.mirrors["ps:1"].service)
+    _same(primary, link.mirrors["ps:1"])
     assert link.mirrors["ps:1"].service.coordinator.held == [0]
     primary.finish(1)  # the held gradient is now a full set and is applied
     link.flush()
-    _same(primary, link.mirrors["ps:1"].service)
+    _same(primary, link.mirrors["ps:1"])
     assert primary.coordinator.global_step == 2
 
 
@@ -144,7 +157,7 @@ def test_ssp_and_local_step_deltas_replicate():
             primary.push(w, Ticket(primary.coordinator.global_step, gap=w), _grads(primary, 10 * step + w), None,
                          kind="delta")
     link.flush()
-    _same(primary, link.mirrors["ps:1"].service)
+    _same(primary, link.mirrors["ps:1"])
 
 
 def test_hash_tables_admissions_and_held_rows_replicate():
@@ -160,6 +173,7 @@ def test_hash_tables_admissions_and_held_rows_replicate():
             rows = RowPush(("h",), keys, (torch.full((3, 2), float(step + w)),))
             primary.push(w, Ticket(step), _grads(primary, step), 0.1, rows)
         link.flush()
+    link.mirrors["ps:1"].wait_applied()
     mirror = link.mirrors["ps:1"].service
     _same(primary, mirror)
     # and the mirror goes on as the primary does: a fresh read admits the same new id with the same random row
@@ -189,7 +203,7 @@ def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again(
     reply = primary.push_pull(PushPull(0, reply.wait().pulled.ticket, _grads(primary, 2), None, 2))
     link.flush()
     assert reply.done()
-    _same(primary, link.mirrors["ps:1:r1"].service)
+    _same(primary, link.mirrors["ps:1:r1"])
 
 
 @pytest.mark.parametrize("lost_before_ack", [False, True])
@@ -216,3 +230,45 @@ def test_a_primary_restored_from_its_mirror_continues_exactly_as_the_unkilled_on
     for w, t, g in pushes[3:]:
         reference.push(w, t, g, 0.1)
     _same(reference, restored)
+
+
+def test_a_thread_that_may_wait_sends_on_its_own_connection_and_reads_the_acks_itself():
+    """A same-host link's thread: the first op goes by the messaging thread (opening a connection waits for the
+    backup, never under the service's lock), later ones on the thread's own connection, whose acks it reads when
+    it next delivers, all but the last one: the reply to a push waits only for the worker's previous push."""
+    link = FakeLink()
+    opened = []
+
+    class Call:
+        def __init__(self, frame):
+            self.frame, self.value = frame, None
+
+        def result(self):
+            if self.value is None:
+                self.value = link.mirrors["ps:1"].receive(pickle.loads(pickle.dumps(self.frame))).wait()
+            return self.value
+
+    def direct(to):
+        opened.append(to)
+        calls = []
+        return lambda frame: calls.append(Call(frame)) or calls[-1]
+
+    primary = _service(AsyncPolicy())
+    replica = Replicator("model", 0, "ps:0", 1, primary._lock, lambda: _snapshot.take(primary), link.call,
+                         lambda e: isinstance(e, Lost), link.wait_for_restart, lambda text: None, direct=direct)
+    primary.replica = replica
+    link.mirrors["ps:1"] = Mirror("model", 0)
+    replica.seed("ps:1")
+    link.flush()
+    ticket = Ticket(0)
+    for step in range(4):
+        reply = primary.push_pull(PushPull(0, ticket, _grads(primary, step), 0.1, step + 1))
+        if step == 0:
+            assert len(link.queue) == 1 and opened == ["ps:1"]  # by the messaging thread; the connection opened after
+            link.flush()
+        assert reply.done()  # the previous push was acknowledged: read on this thread's connection
+        ticket = reply.value().pulled.ticket
+    assert not link.queue and replica.acked == replica.seq - 1  # the last push's ack is still unread
+    assert primary.finish(0).done()  # a finish waits for every op: this thread reads every ack, its own included
+    link.flush()
+    _same(primary, link.mirrors["ps:1"])

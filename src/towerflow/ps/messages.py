@@ -64,6 +64,7 @@ class Endpoints:
     holds = Endpoint("holds")
     replicate = Endpoint("replicate")  # ps to ps: an op for a mirror (replication_messages.py)
     mirror_state = Endpoint("mirror_state")
+    attach_mirror_link = Endpoint("attach_mirror_link")  # ps to ps, same host
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, Endpoints, PushOutcome, PushPull, RowRead, Ticket
 from towerflow.ps.replication_messages import MirrorState, ReplicaFrame
 from towerflow.ps.server import linked as _linked
+from towerflow.ps.server import mirror_link as _mirror_link
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server.replication import Replicator
@@ -97,22 +98,54 @@ def _replicate(model: str, task: int, service: ShardService, backup_task: int, r
             lambda: _snapshot.take(service),
             lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
             _transport.is_peer_lost,
-            lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause))
+            lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause),
+            direct=_direct_sender(server, model, task, backup_task, service))
         service.replica = replica
     elif not reseed:
         return
     replica.seed(server.rpc_name_of("ps", backup_task))
 
 
-@_transport.quick
-def replicate(frame: ReplicaFrame) -> int:
-    """A primary's op for the mirror of its part held here (`mirror.py`); the last op number applied."""
-    key = (frame.model, frame.primary)
+def _direct_sender(server, model: str, task: int, backup_task: int, service: ShardService):
+    """What opens a thread's own connection to the backup `to` (a same-host link's thread: a shared-memory link
+    for its pushes, `mirror_link.py`, beside a direct channel), or None on the messaging thread, which must not
+    wait for an ack."""
+    same_host = _shm_link.same_host(server.cluster.task_address("ps", task), server.cluster.task_address("ps", backup_task))
+    use_link = same_host and server.context.ps_link != "rpc"
+
+    def open_for(to: str):
+        if _transport.on_socket_thread():
+            return None
+        channel = _transport.direct_channel(to)
+        other = lambda frame: channel.call(Endpoints.replicate, frame)  # noqa: E731
+        if not use_link:
+            return other
+        offer = lambda o: _transport.call_async(to, Endpoints.attach_mirror_link, args=(model, task, o)).wait()  # noqa: E731
+        return _mirror_link.open_sender(service.flats, offer, other, server.name) or other
+
+    return open_for
+
+
+def _mirror(model: str, primary: int) -> Mirror:
     with _registry_lock:
-        mirror = _mirrors.get(key)
+        mirror = _mirrors.get((model, primary))
         if mirror is None:
-            mirror = _mirrors[key] = Mirror(*key)
-    return mirror.receive(frame)
+            mirror = _mirrors[(model, primary)] = Mirror(model, primary)
+    return mirror
+
+
+@_transport.deferred
+def replicate(frame: ReplicaFrame) -> torch.futures.Future:
+    """A primary's op for the mirror of its part held here (`mirror.py`): a future of the last op number it holds
+    in order (the primary's acknowledgement)."""
+    return _mirror(frame.model, frame.primary).receive(frame)
+
+
+def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer) -> bool:
+    """Take ps task `primary`'s pushes for its mirror here through its shared-memory link (`mirror_link.py`); False
+    when the link's files are not on this host."""
+    mirror = _mirror(model, primary)
+    return _shm_link.serve(offer, _mirror_link.handler(mirror.receive), name=f"towerflow-mirror-link-{model}-{primary}")
 
 
 def mirror_state(model: str, primary: int) -> MirrorState:

@@ -1,14 +1,21 @@
 """A primary ps task's side of replication: forward each state-changing call to the backup, in order, and
-answer a worker only once the backup holds everything that answer shows.
+answer a worker only once nothing it was told can be lost with this task.
 
 A `ShardService` is a deterministic state machine over its mutating calls (push, finish, rejoin, a
 checkpoint load, a read of hash rows), taken one at a time under its lock; pulls only wait and read.
-So the primary numbers each call under that lock and sends it, on the one ordered connection to its
-backup, as a `ReplicaFrame`; the backup applies them in that order (`mirror.py`) and answers each
-with the number it reached. Every reply to a worker (a pull's values, a push's outcome, a finish)
-waits, off the lock, until the backup has acknowledged the last number at the moment the reply was
-made: what a worker has seen, the backup has. A lost primary is then restored from its mirror with
-nothing acknowledged missing (`ps/worker/recovery.py`).
+So the primary numbers each call under that lock and sends it to its backup as a `ReplicaFrame`; the
+backup applies them in that order (`mirror.py`) and acknowledges the last number it holds in order.
+A lost primary is then restored from its mirror (`ps/worker/from_mirrors.py`).
+
+What must the backup hold before a worker hears back? Every op the reply shows that nobody else could
+send again. A worker keeps its last two pushes (`Channel.sent`) and, after a restore, pushes again the
+ones the mirror does not count (`ps/worker/recovery.py`); it lets go of a push only after the reply to
+its next one. So the reply to a worker's push or pull waits for the backup to hold that worker's
+previous push (and, the acks being cumulative, everything before it): by the time the worker drops a
+push, the backup has it. The ack of the push itself comes back while the worker computes its next
+gradient, so a step pays a round trip to the backup only when that is slower than the worker's step.
+Replies that nobody could send again (a finish, a load, a read that admitted hash ids) wait for every
+op sent so far.
 
 A lost backup does not stop training: the primary goes on unreplicated (a warning, `degraded` in its
 metrics), waits for the launcher to restart the backup task, and seeds the new incarnation with a
@@ -22,17 +29,18 @@ import itertools
 import sys
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from towerflow.ps.replication_messages import ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot
+from towerflow.ps.replication_messages import PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot
 
-Released = List[Tuple[torch.futures.Future, object]]  # (a worker's reply future, its value)
+# (a reply's future, its value, the worker it goes to: None for a reply nobody could send again)
+Released = List[Tuple[torch.futures.Future, object, Optional[int]]]
 
 
 def _complete(released: Released) -> None:
-    for future, value in released:  # outside every lock: completing a future sends the reply
+    for future, value, _ in released:  # outside every lock: completing a future sends the reply
         future.set_result(value)
 
 
@@ -66,6 +74,10 @@ class Replicator:
     taken under the lock), `call(to, frame)` sends a frame and returns a future of the backup's
     acknowledged number, `is_lost(error)` says whether a failed call means the backup is gone, and
     `wait_for_restart(task, lost_name, cause)` blocks until that task is back, returning its new name.
+    `direct(to)`, when given, opens the calling thread's own connection to `to` (a function of a frame
+    returning a call whose `result()` is the ack, read in that thread), or returns None in a thread that
+    must not wait (the messaging thread): a same-host link's thread then sends its ops and reads their acks
+    itself, without two hand-offs to the messaging thread per op (cluster/direct.py).
     """
 
     is_replicated = True
@@ -73,7 +85,7 @@ class Replicator:
     def __init__(self, model: str, task: int, sender: str, backup_task: int, lock: threading.Lock,
                  snapshot: Callable[[], ServiceSnapshot], call: Callable[[str, ReplicaFrame], torch.futures.Future],
                  is_lost: Callable[[BaseException], bool], wait_for_restart: Callable[[int, str, str], str],
-                 say: Optional[Callable[[str], None]] = None):
+                 say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None):
         self.model, self.task, self.sender, self.backup_task = model, task, sender, backup_task
         self._service_lock = lock
         self._snapshot = snapshot
@@ -92,6 +104,9 @@ class Replicator:
         self.backup_losses = 0
         self.degraded_since: Optional[float] = time.monotonic()
         self._watching = False
+        self._direct = direct
+        self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
+        self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
 
     # ---- under the service's lock
     def forward(self, op: ReplicaOp) -> None:
@@ -99,7 +114,68 @@ class Replicator:
         if self.backup is None:
             return
         self.seq += 1
-        self._send(self.backup, ReplicaFrame(self.model, self.task, self.sender, self.seq, op))
+        if isinstance(op, PushOp):
+            self._pushes[op.worker] = (self._pushes.get(op.worker, (0, 0))[1], self.seq)
+        frame = ReplicaFrame(self.model, self.task, self.sender, self.seq, op)
+        send = self._direct_to(self.backup)
+        if not send:
+            self._send(self.backup, frame)
+            return
+        self.forwarded += 1
+        try:
+            call = send(frame)
+        except Exception as error:
+            self._local.channels.pop(self.backup, None)
+            self._backup_failed(self.backup, error)
+            return
+        self._local.pending.append((self.backup, frame.seq, call))
+
+    def _direct_to(self, to: str):
+        """This thread's own connection to `to` when it has one (under the service's lock: opening one waits for
+        the backup, whose answer the messaging thread may be unable to take while it waits for this lock: it is
+        opened in `_open_direct`, off the lock, after the first op went the shared way)."""
+        if self._direct is None:
+            return None
+        local = self._local
+        if not hasattr(local, "channels"):
+            local.channels, local.pending, local.wants = {}, [], None
+        send = local.channels.get(to)
+        if send is None:
+            local.wants = to
+        return send
+
+    def _open_direct(self) -> None:
+        local = self._local
+        to = getattr(local, "wants", None)
+        if to is None:
+            return
+        local.wants = None
+        if to != self.backup:  # lost meanwhile
+            return
+        try:
+            send = self._direct(to)
+        except Exception as error:  # the backup went meanwhile: the next op's call says so
+            self._say(f"could not open a direct connection to the backup {to} ({error}); ops go by the messaging thread")
+            send = None
+        local.channels[to] = send or False  # False: this thread sends by the messaging thread
+
+    def _read_own_acks(self, upto: int) -> None:
+        """Read the acks of the ops this thread sent on its own connections (outside the service's lock): every
+        one but the last (they have most likely arrived; another thread's reply may wait for them), and the last
+        too when its number is at most `upto`."""
+        pending = getattr(self._local, "pending", None)
+        if not pending:
+            return
+        keep = [] if pending[-1][1] <= upto else pending[-1:]
+        self._local.pending = keep
+        for to, seq, call in pending[:len(pending) - len(keep)]:
+            try:
+                reached = int(call.result())
+            except Exception as error:
+                self._local.channels.pop(to, None)
+                self._backup_failed(to, error)
+                continue
+            self._acked(to, reached)
 
     def _send(self, to: str, frame: ReplicaFrame) -> None:
         self.forwarded += 1
@@ -108,21 +184,29 @@ class Replicator:
 
     # ---- replies to workers
     def deliver(self, released: Released) -> None:
-        """Complete the reply futures once the backup has acknowledged every op sent so far (now, if it has, or
-        if there is no backup to wait for)."""
+        """Complete each reply once the backup holds what it needs (module docstring): the worker's previous push,
+        or every op so far for a reply to no worker; now, when it does or there is no backup to wait for."""
+        gates = [self._gate(worker) for _, _, worker in released]
+        self._read_own_acks(max(gates, default=0))
+        self._open_direct()
         if not released:
             return
+        now = []
         with self._lock:
-            seq = self.seq
-            if self.backup is not None and self.acked < seq:
-                heapq.heappush(self._held, (seq, next(self._tiebreak), released))
-                return
-        _complete(released)
+            for entry, gate in zip(released, gates):
+                if self.backup is not None and self.acked < gate:
+                    heapq.heappush(self._held, (gate, next(self._tiebreak), [entry]))
+                else:
+                    now.append(entry)
+        _complete(now)
+
+    def _gate(self, worker: Optional[int]) -> int:
+        return self.seq if worker is None else self._pushes.get(worker, (0, 0))[0]
 
     def settled(self, value: object) -> torch.futures.Future:
-        """A future of `value` that completes as `deliver` would complete it (for replies made outside it)."""
+        """A future of `value` that completes once the backup holds every op sent so far."""
         future: torch.futures.Future = torch.futures.Future()
-        self.deliver([(future, value)])
+        self.deliver([(future, value, None)])
         return future
 
     def _answered(self, to: str, seq: int, future: torch.futures.Future) -> None:
@@ -131,10 +215,13 @@ class Replicator:
         except Exception as error:  # the backup is gone, or its mirror refused the op
             self._backup_failed(to, error)
             return
+        self._acked(to, reached)
+
+    def _acked(self, to: str, reached: int) -> None:
         with self._lock:
             if to != self.backup:
                 return
-            self.acked = max(self.acked, min(reached, seq))
+            self.acked = max(self.acked, reached)  # everything up to `reached` is held there, in order
             ready = []
             while self._held and self._held[0][0] <= self.acked:
                 ready += heapq.heappop(self._held)[2]

@@ -97,7 +97,7 @@ class ShardService:
                 self._waiting[key] = future
                 result = None
         if result is not None:
-            self.replica.deliver([(future, result)])
+            self.replica.deliver([(future, result, worker)])
         return future
 
     def read_rows(self, request: RowRead) -> List[torch.Tensor]:
@@ -194,9 +194,9 @@ class ShardService:
             self._apply(self._mean(len(action.workers)), action.lr_scale, len(action.workers))
         released = self._take_released()
         step = self.coordinator.global_step
-        released.append((future, step))
+        released.append((future, step, None))
         if not self.coordinator.active:
-            released += [(f, step) for f in self._all_done]
+            released += [(f, step, None) for f in self._all_done]
             self._all_done = []
         return released
 
@@ -293,11 +293,11 @@ class ShardService:
         for go in self.coordinator.released():
             future = self._waiting.pop(go.request.key, None)
             if future is not None:
-                out.append((future, self._reply(go)))
+                out.append((future, self._reply(go), go.request.worker))
         return out
 
     def _complete(self, released) -> None:
-        self.replica.deliver(released)  # outside the lock: completing sends the reply (once the backup has it all)
+        self.replica.deliver(released)  # outside the lock: completing sends the reply (once the backup has enough)
 
     def rejoin(self, worker: int, restarted: bool) -> Rejoined:
         """Where `worker` stands here after a loss; `restarted`: it is a new incarnation (counted, and

@@ -185,7 +185,7 @@ class PSClient:
     def _push_pull_call(self, ch: Channel, slot: int, request: PushPull):
         """The step's call to one ps task: over its same-host link when it has one, else over this thread's
         direct channel to it (cluster/direct.py); what `wait` reads a `PushPulled` from."""
-        ch.sent = (slot, request)  # sent again, exactly, when the ps is lost and its mirror lacks it (recovery.py)
+        ch.sent.append((slot, request))  # sent again when the ps is lost and its mirror lacks it (recovery.py)
         with _lost_as_pslost(ch):
             if ch.link is not None and request.rows is None:
                 return linked.push_pull(ch.link, slot, request)

@@ -11,7 +11,6 @@ lost with the ps. Any other wire operation is run again once the ps is back (`Re
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -98,24 +97,46 @@ class Recovery:
                       f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
 
     def _finish_step(self, sent: Dict[int, int], clock: int) -> None:
-        """The training step a lost ps interrupted, finished as if nothing had happened: its push again to each ps
-        task that does not count it (restored from a mirror the push had not reached), and to the others the pull
-        it made (a sync pull still waits for the aggregated update)."""
+        """The training step a lost ps interrupted, finished as if nothing had happened. A ps task restored from its
+        mirror may lack this worker's last push or two (the reply to a push waits only for the one before it to
+        reach the backup: ps/server/replication.py); they are pushed again, oldest first, each round waiting for
+        its replies (a sync push must see its step's update before the next), and the values of the last round
+        are installed: for a ps task that lacked nothing, the pull this step made (sync: after the update)."""
         client = self.client
-        calls = []
+        again = {}
         for ch in client.channels:
-            if ch.sent is None:
-                continue
-            slot, request = ch.sent
-            if ch.pushes < sent.get(ch.task, 0):
-                ch.pushes += 1
-                calls.append((ch, client._push_pull_call(ch, slot, dataclasses.replace(request, grads=ch.gather(slot)))))
+            missing = sent.get(ch.task, 0) - ch.pushes
+            if missing > len(ch.sent):
+                raise ParameterServerError(
+                    f"/job:ps/task:{ch.task} came back from its mirror {missing} pushes of {self.server.name} behind, "
+                    f"and this worker keeps its last {len(ch.sent)}: with --ps-replicas 2 train without prefetch")
+            again[ch.task] = list(ch.sent)[len(ch.sent) - missing:] if missing > 0 else []
+        kept = {ch.task: list(ch.sent) for ch in client.channels}  # sending again must not change what is kept
+        rounds = max((len(r) for r in again.values()), default=0)
+        for r in range(max(rounds, 1)):
+            calls = []
+            for ch in client.channels:
+                late = rounds - len(again[ch.task])  # a channel's pushes to send again end with the last round
+                todo = again[ch.task][r - late] if again[ch.task] and r >= late else None
+                if todo is not None:
+                    ch.pushes += 1
+                    calls.append(client._push_pull_call(ch, *todo))
+                elif r == max(rounds, 1) - 1:  # the last round: this task counts every push; the step's pull
+                    last = ch.sent[-1][1] if ch.sent else None
+                    calls.append(client.call(ch, Endpoints.pull, client.worker, last.clock if last else ch.pushes,
+                                             last.after_step if last else 0))
+                else:
+                    calls.append(None)
+            if r < max(rounds, 1) - 1:
+                for ch, call in zip(client.channels, calls):
+                    if call is not None:
+                        client.wait(ch, call)
             else:
-                calls.append((ch, client.call(ch, Endpoints.pull, client.worker, request.clock, request.after_step)))
+                client.install(calls)
+        for ch in client.channels:
+            ch.sent.clear()
+            ch.sent.extend(kept[ch.task])
         client.pushes = max(client.pushes, clock)
-        by_task = {ch.task: f for ch, f in calls}
-        client.install([by_task[ch.task] if ch.task in by_task else client.call(ch, Endpoints.pull, client.worker, ch.pushes)
-                        for ch in client.channels])
 
     def restore_ps(self) -> Optional[str]:
         """Chief: put the ps tasks back; the checkpoint's path, or None when the lost ones came back from their
