@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from towerflow.ps.layout import plan_layout
+from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import PushPull, RowPush, RowRead, Ticket
+from towerflow.ps.replication_messages import check_ps_replicas
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
@@ -272,3 +274,13 @@ def test_a_thread_that_may_wait_sends_on_its_own_connection_and_reads_the_acks_i
     assert primary.finish(0).done()  # a finish waits for every op: this thread reads every ack, its own included
     link.flush()
     _same(primary, link.mirrors["ps:1"])
+
+
+@pytest.mark.parametrize("replicas, num_ps, ok", [(1, 1, True), (2, 2, True), (2, 5, True), (2, 1, False),
+                                                   (3, 4, False), (0, 2, False), (True, 2, False)])
+def test_ps_replicas_are_one_or_two_with_enough_ps_tasks(replicas, num_ps, ok):
+    if ok:
+        assert check_ps_replicas(replicas, num_ps) == replicas
+    else:
+        with pytest.raises(ParameterServerError, match=rf"ps_replicas={replicas!r} with {num_ps} ps task"):
+            check_ps_replicas(replicas, num_ps)

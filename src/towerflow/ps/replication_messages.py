@@ -42,16 +42,6 @@ def backup_for(task: int, num_ps: int, replicas: int) -> Optional[int]:
     return backup_of(task, num_ps) if replicas > 1 else None
 
 
-def primary_of(backup: int, num_ps: int) -> int:
-    """The ps task whose shards `backup` mirrors."""
-    return (backup - 1) % num_ps
-
-
-def mirror_name(model: str, primary: int) -> str:
-    """The name a mirror of ps task `primary`'s part of `model` has on its backup."""
-    return f"{model}@mirror-of-{primary}"
-
-
 @dataclasses.dataclass(frozen=True)
 class PushOp:
     """A worker's push (`ShardService.push`'s arguments)."""

@@ -53,7 +53,7 @@ class Recovery:
                     op = lambda: self._finish_step(sent, clock)  # noqa: E731
 
     def recover(self, lost: PSLost) -> None:
-        """Wait for the launcher to restart the lost ps; the chief restores every ps task, all pull
+        """Wait for the launcher to restart the lost ps; the chief restores it (`restore_ps`), all pull
         the restored values and go on; the recovery is logged and kept in `recoveries`. Another ps task
         lost meanwhile (two at once, or one more during the restore) is waited for too, and the restore
         runs again with every lost task back."""
