@@ -3,12 +3,14 @@
 Run under `towerflow launch --ps P --workers W --ps-replicas 2 --max-restarts N` (the mode from the
 launcher). Every worker takes exactly STEPS steps on batches drawn from its own seeded generator, so
 two runs push the same gradients in the same order (one worker async, or sync, which applies the
-mean) and must end with the same ps values. MODEL: `dense` (a small MLP, Adam) or `sparse` (an
-EmbeddingBag whose rows live on the ps tasks, and a linear head). The chief checkpoints every 20
+mean) and must end with the same ps values. MODEL: `dense` (a small MLP, Adam), `sparse` (an
+EmbeddingBag whose rows live on the ps tasks, and a linear head) or `hash` (a HashEmbedding admitting
+an id on its second sighting, and a linear head). The chief checkpoints every 20
 global steps (MonitoredTrainingSession) and, for each `STEP:TASK[+TASK...]` of KILLS (comma-separated,
 or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms later from a thread
 (so the kill lands anywhere in the next steps: between calls, or with a push in flight). The chief
-writes the final values, global step and its recoveries to DIR/final.pt.
+writes the final values, the ps tasks' whole state (`optimizer.state_dict()`: values, optimizer and table
+state, clocks), the global step and its recoveries to DIR/final.pt.
 """
 
 import os
@@ -65,13 +67,25 @@ class Sparse(nn.Module):
         return self.head(self.table(ids))
 
 
+class Hashed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ids = towerflow.ps.HashEmbedding(4, mode="sum", admit_after=2)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, ids):
+        return self.head(self.ids(ids))
+
+
 strategy = towerflow.strategy_from_env()
 torch.manual_seed(0)
 if model_kind == "dense":
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-else:
+elif model_kind == "sparse":
     model = Sparse(strategy.table_device)
     model.table.init_std = 0.1
+else:
+    model = Hashed()
 model, optimizer = strategy.setup(model, torch.optim.Adam(model.parameters(), lr=0.01))
 data = torch.Generator().manual_seed(100 + strategy.replica_id)
 plan = {}
@@ -87,6 +101,7 @@ def step(i: int) -> float:
     else:
         x = torch.randint(0, 64, (8, 3), generator=data)
         y = (x % 7).float().mean(1, keepdim=True)
+        x = x * 10**9 + 7 if model_kind == "hash" else x  # hash ids far outside any fixed range
     optimizer.zero_grad()
     loss = ((model(x) - y) ** 2).mean()
     loss.backward()
@@ -103,7 +118,7 @@ with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, log
 if strategy.is_chief:
     final = strategy.wait_for_workers()
     out = {"global_step": final, "variables": strategy.variables(), "tables": strategy.table_values(),
-           "recoveries": strategy.recoveries}
+           "ps_state": optimizer.state_dict(), "recoveries": strategy.recoveries}
     torch.save(out, os.path.join(folder, "final.pt.tmp"))
     os.replace(os.path.join(folder, "final.pt.tmp"), os.path.join(folder, "final.pt"))
     print(f"_replica_train: global step {final}; recoveries {strategy.recoveries}", flush=True)

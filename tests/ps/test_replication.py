@@ -179,9 +179,14 @@ def test_hash_tables_admissions_and_held_rows_replicate():
     mirror = link.mirrors["ps:1"].service
     _same(primary, mirror)
     # and the mirror goes on as the primary does: a fresh read admits the same new id with the same random row
-    new = RowRead(0, ("h",), (torch.tensor([99]),))
-    for _ in range(2):
+    for number in (1, 2):
+        new = RowRead(0, ("h",), (torch.tensor([99]),), number)
         assert torch.equal(primary.read_rows(new)[0], mirror.read_rows(new)[0])
+    assert bool(primary.read_rows(new)[0].any())  # admitted on its second sighting
+    sent_again = RowRead(0, ("h",), (torch.tensor([123]),), 2)  # number 2 was counted: no sighting now
+    primary.read_rows(sent_again)
+    primary.read_rows(RowRead(0, ("h",), (torch.tensor([123]),), 3))
+    assert not bool(primary.read_rows(RowRead(0, ("h",), (torch.tensor([123]),), 3))[0].any())  # seen once only
 
 
 def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again():

@@ -109,11 +109,14 @@ class CreateShards:
 
 @dataclasses.dataclass(frozen=True)
 class RowRead:
-    """The rows a worker's batch looks up in the tables here: each table's unique local keys."""
+    """The rows a worker's batch looks up in the tables here: each table's unique local keys. `number` counts
+    the worker's reads (from 1; 0: not counted): a read sent again after a restore from a mirror that already
+    counted it is answered without counting its hash ids' sightings twice."""
 
     worker: int
     tables: Tuple[str, ...]
     keys: Tuple[torch.Tensor, ...]
+    number: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,6 +100,7 @@ class ServiceSnapshot:
     lr: Optional[float]
     push_kind: Optional[str]
     rejoins: Dict[int, int]
+    reads: Dict[int, int]
 
 
 @dataclasses.dataclass(frozen=True)

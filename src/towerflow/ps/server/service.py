@@ -78,6 +78,7 @@ class ShardService:
         self._finishing: Dict[int, Tuple[int, torch.futures.Future]] = {}  # finishes waiting for late pushes
         self._next_key = 0
         self.rejoins: Dict[int, int] = collections.Counter()  # restarted workers that came back, by worker
+        self.reads: Dict[int, int] = {}  # the last RowRead.number counted, by worker (hash tables)
         self.bytes_in: Dict[int, int] = collections.Counter()
         self.bytes_out: Dict[int, int] = collections.Counter()
         self.started = time.monotonic()
@@ -107,8 +108,11 @@ class ShardService:
                                        "that holds no tables; every task must build the same model")
         if self.tables.needs_lock(request.tables):
             with self._lock:
-                self.replica.forward(RowsReadOp(request))
-                out = self.tables.read(request.tables, request.keys, self.coordinator.global_step)
+                again = 0 < request.number <= self.reads.get(request.worker, 0)  # counted before a restore
+                if not again:
+                    self.replica.forward(RowsReadOp(request))
+                    self.reads[request.worker] = request.number
+                out = self.tables.read(request.tables, request.keys, self.coordinator.global_step, count=not again)
         else:  # fixed tables are read as the dense values are: without waiting for an update (use_locking=False)
             out = self.tables.read(request.tables, request.keys, self.coordinator.global_step)
         self.bytes_in[request.worker] += sum(k.numel() * k.element_size() for k in request.keys)
@@ -306,6 +310,7 @@ class ShardService:
             if restarted:
                 self.replica.forward(RejoinOp(worker))
                 self.rejoins[worker] += 1
+                self.reads.pop(worker, None)  # a new incarnation numbers its reads from 1
                 finished = self.coordinator.rejoin(worker)
             else:
                 finished = worker not in self.coordinator.active

@@ -40,6 +40,7 @@ def take(service: ShardService) -> ServiceSnapshot:
         lr=service.lr,
         push_kind=service.push_kind,
         rejoins=dict(service.rejoins),
+        reads=dict(service.reads),
     )
 
 
@@ -73,4 +74,5 @@ def install(service: ShardService, snapshot: ServiceSnapshot) -> int:
         service.push_kind = snapshot.push_kind
         service.rejoins.clear()
         service.rejoins.update(snapshot.rejoins)
+        service.reads = dict(snapshot.reads)
         return service.coordinator.global_step

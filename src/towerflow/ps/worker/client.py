@@ -73,6 +73,7 @@ class PSClient:
         self._table_values: Dict[str, torch.Tensor] = {}  # tables the chief built with values: sent once, at create
         self._row_optimizer = None
         self._last_read: tuple = ({}, {})  # (ids by table, their routing) of the last read_rows
+        self.reads = 0  # read_rows calls answered (RowRead.number)
         self.replan: Optional[Callable[[int], Layout]] = None  # the layout this model has on n ps tasks (resharding)
         self._bytes_pushed: Dict[int, int] = collections.Counter()
         self._bytes_pulled: Dict[int, int] = collections.Counter()
@@ -137,8 +138,7 @@ class PSClient:
         return rejoined
 
     def clock_at_ps(self) -> Rejoined:
-        """The pushes the ps tasks counted from this worker, asked without rejoining (a job restored from a
-        checkpoint keeps each worker's count and its number of workers, which a fresh worker does not know)."""
+        """The pushes the ps tasks counted from this worker (a checkpoint keeps them), asked without rejoining."""
         rejoined = self.on_all(Endpoints.rejoin, self.worker, False, False, None)
         return max(rejoined, key=lambda r: r.pushes)
 
@@ -230,7 +230,7 @@ class PSClient:
         routed = self._by_task(ids_by_table)
         self._last_read = (ids_by_table, routed)  # the push of these rows' gradients routes them alike
         calls = [(ch, routed[ch.task], self.call(ch, Endpoints.read_rows, RowRead(
-            self.worker, tuple(n for n, _, _ in routed[ch.task]), tuple(k for _, _, k in routed[ch.task]))))
+            self.worker, tuple(n for n, _, _ in routed[ch.task]), tuple(k for _, _, k in routed[ch.task]), self.reads + 1)))
             for ch in self.channels if routed.get(ch.task)]
         out = {name: torch.empty(ids.numel(), self.tables[name].dim, dtype=self.tables[name].dtype)
                for name, ids in ids_by_table.items()}
@@ -239,6 +239,7 @@ class PSClient:
             for (name, mask, keys), r in zip(parts, rows):
                 out[name][mask] = r
                 self._bytes_pulled[ch.task] += keys.numel() * keys.element_size() + r.numel() * r.element_size()
+        self.reads += 1  # a read sent again (a lost ps) keeps its number
         if self.device.type != "cpu":
             out = {name: r.to(self.device, non_blocking=True) for name, r in out.items()}
         return out
@@ -361,8 +362,7 @@ class PSClient:
                 for v in self.layout.variables}
 
     def table_values(self) -> Dict[str, torch.Tensor]:
-        """Every fixed table, put together from its shards on the ps tasks (a test's or a small export's tool:
-        it brings the whole table here)."""
+        """Every fixed table, put together from its shards on the ps tasks (for tests and small exports)."""
         parts = dict(zip((ch.task for ch in self.channels), self.on_all(Endpoints.table_values)))
         out = {}
         for name, spec in self.tables.items():

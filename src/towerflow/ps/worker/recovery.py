@@ -35,22 +35,16 @@ class Recovery:
         print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
 
     def guarded(self, op: Callable[[], Any], retry: bool = True) -> Any:
-        """Run a wire operation; when a ps is lost, recover and run it again (`retry`). A training step
-        (`retry=False`) is finished exactly when the lost ps came back from its mirror, else it returns
-        None (its gradient is lost with the ps)."""
-        sent: Optional[Dict[int, int]] = None
-        clock = self.client.pushes
+        """Run a wire operation; when a ps is lost, recover and run it again (`retry`), or return None (a
+        training step: its gradient is lost with the ps, unless the ps came back from its mirror, and then
+        `recover` has finished the step)."""
         while True:
             try:
                 return op()
             except PSLost as lost:
-                if sent is None:  # what this step had sent to each ps task, before a rejoin resets the counts
-                    sent, clock = {ch.task: ch.pushes for ch in self.client.channels}, self.client.pushes
                 self.recover(lost)
                 if not retry:
-                    if not self.recoveries[-1].get("from_mirrors"):
-                        return None
-                    op = lambda: self._finish_step(sent, clock)  # noqa: E731
+                    return None
 
     def recover(self, lost: PSLost) -> None:
         """Wait for the launcher to restart the lost ps; the chief restores it (`restore_ps`), all pull
@@ -60,6 +54,7 @@ class Recovery:
         client = self.client
         seen = time.monotonic()
         before = client.global_step
+        sent, clock = {ch.task: ch.pushes for ch in client.channels}, client.pushes  # before a rejoin resets them
         lost_tasks = {lost.task: lost}
         while True:
             for gone in lost_tasks.values():
@@ -72,13 +67,16 @@ class Recovery:
             try:
                 source = self.restore_ps() if client.is_chief else None
                 client.rejoin(restarted=False, after_restore_of=back_as[-1])
-                client.install(client.pull())
+                from_mirror = self.server.lookup(from_mirrors.outcome_key(client.model_name, back_as[-1])) == "mirror"
+                if from_mirror:
+                    self._send_again(sent, clock)
+                else:
+                    client.install(client.pull())
                 break
             except PSLost as again:
                 lost_tasks[again.task] = again
         took = time.monotonic() - seen
         tasks = sorted(lost_tasks)
-        from_mirror = self.server.lookup(from_mirrors.outcome_key(client.model_name, back_as[-1])) == "mirror"
         record = {"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                   "resumed_at_step": client.global_step, "steps_lost": max(0, before - client.global_step),
                   "seconds": round(took, 2), "from_mirrors": from_mirror}
@@ -96,12 +94,14 @@ class Recovery:
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
                       f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
 
-    def _finish_step(self, sent: Dict[int, int], clock: int) -> None:
-        """The training step a lost ps interrupted, finished as if nothing had happened. A ps task restored from its
-        mirror may lack this worker's last push or two (the reply to a push waits only for the one before it to
-        reach the backup: ps/server/replication.py); they are pushed again, oldest first, each round waiting for
-        its replies (a sync push must see its step's update before the next), and the values of the last round
-        are installed: for a ps task that lacked nothing, the pull this step made (sync: after the update)."""
+    def _send_again(self, sent: Dict[int, int], clock: int) -> None:
+        """After a restore from mirrors, put this worker back where it was, as if nothing had happened. A ps task
+        restored from its mirror may lack this worker's last push or two (the reply to a push waits only for the
+        one before it to reach the backup: ps/server/replication.py), whichever call saw the loss; they are pushed
+        again, oldest first, each round waiting for its replies (a sync push must see its step's update before
+        the next), and the values of the last round are installed: for a ps task that lacked nothing, the pull
+        the last step made (sync: after that step's update). A training step the loss interrupted is so
+        finished; any other call runs again after this."""
         client = self.client
         again = {}
         for ch in client.channels:
