@@ -20,9 +20,12 @@ survives a killed worker, ps or chief (docs/fault-tolerance.md):
 
 On several machines, one cluster file and one launch per host (docs/cluster.md, "Several
 machines"); there a worker host that lost every process rejoins when its launch is started
-again (every host with --max-restarts N), and losing the coordinator's host (worker 0) ends the job:
+again (every host with --max-restarts N), and losing the coordinator's host (worker 0) ends the job
+unless the rendezvous is kept in etcd (--store etcd://..., docs/cluster.md "The store"):
 
     towerflow launch --cluster cluster.json --job_name worker --task_index 1 --max-restarts 1 examples/mnist_ps.py --data DIR
+    towerflow launch --cluster cluster.json --job_name worker --task_index 0 --max-restarts 3 \
+        --store etcd://10.0.0.1:2379,10.0.0.3:2379,10.0.0.4:2379 examples/mnist_ps.py --data DIR
 """
 
 import argparse

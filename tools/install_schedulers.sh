@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the real schedulers the test suite runs against (tests/schedulers/): Slurm (slurm-wlm),
-# munge (Slurm's authentication) and Open MPI (openmpi-bin). Idempotent: installs only what is
-# missing, within a bounded time, and prints what it did. Needs root and apt-get (Debian/Ubuntu).
+# munge (Slurm's authentication) and Open MPI (openmpi-bin); and etcd (etcd-server), the store a
+# cluster spanning hosts may keep its rendezvous in (tests/multihost/test_etcd_store.py).
+# Idempotent: installs only what is missing, within a bounded time, and prints what it did. Needs
+# root and apt-get (Debian/Ubuntu).
 #
 #   tools/install_schedulers.sh [TIMEOUT_SECONDS]   (default 180)
 #
@@ -11,16 +13,17 @@ limit="${1:-180}"
 start=$(date +%s)
 
 # one command per package: the package is installed when its command is on PATH
-declare -A wants=([slurm-wlm]="slurmctld slurmd srun sinfo" [munge]="munged" [openmpi-bin]="mpirun")
+declare -A wants=([slurm-wlm]="slurmctld slurmd srun sinfo" [munge]="munged" [openmpi-bin]="mpirun" [etcd-server]="etcd")
+packages=(slurm-wlm munge openmpi-bin etcd-server)
 missing=()
-for pkg in slurm-wlm munge openmpi-bin; do
+for pkg in "${packages[@]}"; do
     for cmd in ${wants[$pkg]}; do
         if ! command -v "$cmd" >/dev/null 2>&1; then missing+=("$pkg"); break; fi
     done
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "install_schedulers: nothing to do (slurm-wlm, munge, openmpi-bin already installed)"
+    echo "install_schedulers: nothing to do (${packages[*]} already installed)"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -50,11 +53,11 @@ if ! timeout "$t" apt-get install -y -qq -o Dpkg::Use-Pty=0 "${missing[@]}" >"$l
 fi
 rm -f "$log"
 # the packages start their services where a service manager runs; the tests start their own daemons
-for svc in slurmctld slurmd munge; do
+for svc in slurmctld slurmd munge etcd; do
     command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null \
         && systemctl stop "$svc" && echo "install_schedulers: stopped the $svc service the package started"
 done
-for pkg in slurm-wlm munge openmpi-bin; do
+for pkg in "${packages[@]}"; do
     for cmd in ${wants[$pkg]}; do
         command -v "$cmd" >/dev/null 2>&1 || { echo "install_schedulers: $cmd still missing after the install" >&2; exit 1; }
     done

@@ -37,7 +37,7 @@ ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher res
 ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher allows each task
 ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
 ENV_WIRE_SECURITY = "TOWERFLOW_WIRE_SECURITY"  # encrypt (CURVE) | authenticate (token-derived password); default by the cluster's hosts
-ENV_STORE = "TOWERFLOW_STORE"  # host:port of the rendezvous store when the launcher hosts it
+ENV_STORE = "TOWERFLOW_STORE"  # the rendezvous store: host:port when the launcher hosts it, or etcd://...
 ENV_ERROR_FILE = "TOWERFLOW_ERROR_FILE"  # where a failing task leaves its FailureReport for the launcher
 ENV_PS_MODE = "TOWERFLOW_PS_MODE"  # async | sync | ssp (towerflow launch --mode)
 ENV_PS_REPLICAS_TO_AGGREGATE = "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"  # --replicas-to-aggregate
@@ -71,6 +71,60 @@ TOWERS_ALLOCATORS = ("keep", "system")
 
 class TaskEnvironmentError(ClusterSpecError, StrategyError, ConfigError):
     """Raised when a variable of the task environment has a value towerflow cannot use."""
+
+
+ETCD_SCHEME = "etcd://"
+ETCD_PORT = 2379  # etcd's client port
+ETCD_FORM = "etcd://HOST[:PORT][,HOST[:PORT]...][/PREFIX] (each member's client address, port 2379 by default)"
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdAddress:
+    """Where a cluster keeps its rendezvous in etcd: the members to ask, and the run's key prefix
+    (None: the rendezvous names it after the cluster spec)."""
+
+    endpoints: Tuple[Tuple[str, int], ...]
+    prefix: Optional[str] = None
+
+    def url(self) -> str:
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints)
+        return ETCD_SCHEME + hosts + (f"/{self.prefix}" if self.prefix else "")
+
+
+def is_etcd_url(text: Optional[str]) -> bool:
+    return bool(text) and text.startswith(ETCD_SCHEME)
+
+
+def parse_etcd_url(text: str, where: str) -> EtcdAddress:
+    """`etcd://h1:2379,h2:2379/run-1` -> EtcdAddress; `where` (the flag or variable) names the value in errors."""
+    def bad(problem: str) -> TaskEnvironmentError:
+        return TaskEnvironmentError(f"{where}={text!r}: {problem}; expected {ETCD_FORM}, e.g. "
+                                    "etcd://h1:2379,h2:2379,h3:2379")
+
+    if not is_etcd_url(text):
+        scheme = text.split("://", 1)[0] + "://" if "://" in text else None
+        raise bad(f"{scheme!r} is not a store towerflow knows (only etcd:// is)" if scheme else "no etcd:// scheme")
+    hosts, _, prefix = text[len(ETCD_SCHEME):].partition("/")
+    endpoints = []
+    for item in hosts.split(","):
+        item = item.strip()
+        host, port = item, str(ETCD_PORT)
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else port if not rest else "?"
+        elif item.count(":") == 1:
+            host, port = item.split(":")
+        if not host or item.count(":") > 1 and not item.startswith("["):
+            raise bad(f"{item!r} is not HOST or HOST:PORT (an IPv6 address goes in brackets: [fd00::1]:2379)")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise bad(f"the port of {item!r} is not a number between 1 and 65535")
+        endpoints.append((host, int(port)))
+    if len(set(endpoints)) != len(endpoints):
+        raise bad("a member is named twice")
+    prefix = prefix.strip("/")
+    if prefix and any(not part or part in (".", "..") for part in prefix.split("/")):
+        raise bad(f"the prefix {prefix!r} has an empty or relative part")
+    return EtcdAddress(tuple(endpoints), prefix or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +263,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         strategy=env.get(ENV_STRATEGY) or None,
         token=env.get(ENV_CLUSTER_TOKEN) or None,
         token_file=env.get(ENV_CLUSTER_TOKEN_FILE) or None,
-        store=env.get(ENV_STORE) or None,
+        store=_store(env),
         error_file=env.get(ENV_ERROR_FILE) or None,
         join_timeout=_seconds(env, ENV_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT),
         heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),
@@ -319,6 +373,13 @@ def _time(env: Mapping[str, str], name: str) -> Optional[float]:
         return float(raw) if raw else None
     except ValueError:
         raise TaskEnvironmentError(f"{name}={raw!r}: expected a time.time() value (set by the launcher)") from None
+
+
+def _store(env: Mapping[str, str]) -> Optional[str]:
+    raw = env.get(ENV_STORE) or None
+    if raw is not None and "://" in raw:
+        parse_etcd_url(raw, ENV_STORE)  # refused here, naming the variable, rather than when the task joins
+    return raw
 
 
 def _choice(env: Mapping[str, str], name: str, choices: Tuple[str, ...]) -> Optional[str]:

@@ -30,13 +30,13 @@ def in_memory_auc():
     return float(re.search(r"\[worker:0\] test auc: (\d\.\d{4})", run.stdout).group(1))
 
 
-@pytest.mark.parametrize("fmt", ["criteo", "parquet"])
-def test_the_ctr_example_trains_from_files_as_well_as_from_memory(launcher, tmp_path, fmt, in_memory_auc):
+@pytest.mark.parametrize("fmt, ps", [("criteo", 2), ("parquet", 1)])
+def test_the_ctr_example_trains_from_files_as_well_as_from_memory(launcher, tmp_path, fmt, ps, in_memory_auc):
     written = launcher.python("-m", "towerflow.data.write_ctr", str(tmp_path), "--format", fmt, "--rows", "10000",
                               "--files", "8", "--records-per-file", "40000", "--test-size", "20000")
     assert written.wait(120) == 0, written.describe()
-    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", EXAMPLE, "--data", str(tmp_path),
-                          "--rows", "10000", "--steps", "300")
+    run = launcher.python("-m", "towerflow", "launch", "--ps", str(ps), "--workers", "2", EXAMPLE, "--data",
+                          str(tmp_path), "--rows", "10000", "--steps", "300")
     assert run.wait(200) == 0, run.describe()
     got = re.search(r"\[worker:0\] test auc: (\d\.\d{4}) \(20000 held-out records\)", run.out)
     assert got, run.describe()

@@ -1,7 +1,8 @@
 """A ps worker killed while reading its files goes on where it stood: its restarted incarnation reads the
 batches after the ones the ps counted from it, so each record of its share is trained once per epoch (the
 kill lands at a known batch: mid-epoch, and after the first epoch). A whole job restored from a checkpoint
-goes on where the checkpoint's clocks say each worker stood."""
+goes on where the checkpoint's clocks say each worker stood, also on another number of workers (as does a
+job of all-reduce replicas)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from _cluster_procs import HERE, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 TASK = str(HERE.parent / "ps" / "_files_task.py")
+REGROUP_TASK = str(HERE.parent / "ps" / "_regroup_task.py")
 
 
 def _write_files(folder: Path) -> None:
@@ -82,14 +84,50 @@ def test_a_job_restored_from_a_checkpoint_reads_on_where_its_clocks_say(launcher
         assert start is not None, f"worker {worker}: job two started at none of batches {len(before) - 2}..{len(before)}"
 
 
-def test_a_job_restored_on_another_number_of_workers_is_refused_naming_both(launcher, tmp_path):
+def _stream(data: Path, worker: int, num_workers: int, epoch: int = 0):
+    """Worker `worker` of `num_workers`'s batches as an uninterrupted job reads them, from epoch `epoch` on."""
+    from towerflow.data import FileStream
+
+    stream = FileStream(str(data), "parquet", 32, [1 << 20] + [1000] * 25, worker=worker, num_workers=num_workers,
+                        shuffle_window=128, seed=3)
+    stream.seek_batches(epoch * stream.batches_per_epoch(worker, num_workers))
+    return stream, stream.batches_per_epoch(worker, num_workers)
+
+
+def _first(stream, n: int):
+    return [b[1][:, 0].tolist() for b, _ in zip(stream, range(n))]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ps,old,new,trained", [
+    (1, 2, 3, 6), (1, 3, 2, 4),  # every old worker stops mid-epoch
+    (0, 2, 3, 6),  # all-reduce replicas: the checkpoint says how many there were
+])
+def test_a_job_restored_on_another_number_of_workers_trains_each_record_of_the_epoch_once(launcher, tmp_path, ps, old,
+                                                                                           new, trained):
+    """Old worker w's unread batches of the epoch go to new worker w mod M, batch for batch as w would have
+    read them; then the files are dealt anew over M from the next epoch."""
     data, logdir = tmp_path / "data", tmp_path / "ckpt"
     _write_files(data)
-    codes = []
-    for label, workers, steps in (("two", "2", "30"), ("three", "3", "60")):
+    for label, workers, batches in (("one", old, trained), ("two", new, 16)):
         (tmp_path / label).mkdir()
-        run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", workers, TASK, str(tmp_path / label),
-                              str(data), steps, "0", str(logdir))
-        codes.append(run.wait(120))
-    assert codes[0] == 0 and codes[1] != 0, run.describe()
-    assert "restored from a checkpoint of 2 workers and runs 3" in run.err, run.describe()
+        run = launcher.python("-m", "towerflow", "launch", *(["--ps", str(ps)] if ps else []), "--workers", str(workers),
+                              REGROUP_TASK, str(tmp_path / label), str(data), str(batches), str(logdir))
+        assert run.wait(60) == 0, run.describe()
+    before = {w: _batches(tmp_path / "one" / f"ids-{w}.txt") for w in range(old)}
+    after = {j: _batches(tmp_path / "two" / f"ids-{j}.txt") for j in range(new)}
+    epoch = []
+    for w, batches in before.items():
+        stream, per_epoch = _stream(data, w, old)
+        assert batches == _first(stream, trained)
+        epoch += [i for b in batches for i in b]
+    for j, batches in after.items():
+        expected = []
+        for w in range(j, old, new):  # the rest of each old worker's epoch that falls to j
+            stream, per_epoch = _stream(data, w, old)
+            expected += _first(stream, per_epoch)[trained:]
+        epoch += [i for b in batches[:len(expected)] for i in b]
+        stream, _ = _stream(data, j, new, epoch=1)
+        expected += _first(stream, len(batches) - len(expected))
+        assert batches == expected, run.describe()
+    assert sorted(epoch) == list(range(1024))  # every record of the epoch in progress trained once

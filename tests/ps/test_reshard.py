@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from towerflow.ps.layout import plan_layout
-from towerflow.ps.messages import RowPush
+from towerflow.ps.messages import EarlierWorkers, RowPush
 from towerflow.ps.messages import Ticket
 from towerflow.ps.server.policies import AsyncPolicy
 from towerflow.ps.server.service import ShardService
@@ -80,6 +80,8 @@ def _everything(layout, specs, services):
 def test_a_checkpoint_of_n_ps_tasks_restores_onto_m(n, m, strategy):
     layout, specs, services = _cluster(n, strategy)
     _train(layout, specs, services)
+    for s in services:  # restored before from a checkpoint of 2 workers: the new workers read on from their clocks
+        s.coordinator.earlier = (EarlierWorkers(2, (3, 4)),)
     parts = {str(t): s.state_dict() for t, s in enumerate(services)}
     new_layout, new_specs, new_services = _cluster(m, strategy)
     assert needs_reshard(parts, m, new_specs)
@@ -97,6 +99,7 @@ def test_a_checkpoint_of_n_ps_tasks_restores_onto_m(n, m, strategy):
     assert all(torch.equal(before_rows[k][0], after_rows[k][0]) and torch.equal(before_rows[k][1], after_rows[k][1])
                for k in before_rows)
     assert {s.coordinator.global_step for s in new_services} == {max(s.coordinator.global_step for s in services)}
+    assert {s.rejoin(0, restarted=False).earlier for s in new_services} == {(EarlierWorkers(2, (3, 4)),)}
 
 
 def test_the_same_number_of_ps_tasks_needs_no_reshard():

@@ -9,6 +9,7 @@ import torch
 
 from towerflow.errors import ParameterServerError
 from towerflow.ps import plan_layout
+from towerflow.ps.messages import EarlierWorkers, Rejoined
 from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
 from towerflow.ps.server.service import ShardService
 
@@ -184,3 +185,30 @@ def test_a_restored_checkpoint_continues_exactly_as_the_uninterrupted_run():
     (stranger,) = _services(other, {"x": torch.zeros(2)}, torch.optim.Adam, dict(lr=1e-2), AsyncPolicy)
     with pytest.raises(ParameterServerError, match="same model"):
         stranger.load_state_dict(saved)
+
+
+def test_a_checkpoint_of_another_worker_count_hands_every_old_workers_clock_to_the_new_workers():
+    """A ps restored with 3 workers' clocks in a job of 2 keeps all three (the new workers read on from them),
+    counts the new workers from 0, and keeps the old clocks through its own checkpoints."""
+    values = {"w": torch.zeros(3)}
+    layout = plan_layout(values, 1)
+    (old,) = _services(layout, values, torch.optim.SGD, dict(lr=0.1), AsyncPolicy, num_workers=3)
+    for worker, pushes in ((0, 4), (1, 7), (2, 1)):
+        for _ in range(pushes):
+            old.push(worker, _pull_ticket(old, worker), [torch.ones(3)])
+    saved = pickle.loads(pickle.dumps(old.state_dict()))
+    (new,) = _services(layout, values, torch.optim.SGD, dict(lr=0.1), AsyncPolicy, num_workers=2)
+    assert new.load_state_dict(saved) == 12
+    assert new.rejoin(1, restarted=False) == Rejoined(12, 0, False, (EarlierWorkers(3, (4, 7, 1)),))
+    for _ in range(5):
+        new.push(1, _pull_ticket(new, 1), [torch.ones(3)])
+    again = pickle.loads(pickle.dumps(new.state_dict()))
+    (restored,) = _services(layout, values, torch.optim.SGD, dict(lr=0.1), AsyncPolicy, num_workers=2)
+    restored.load_state_dict(again)
+    assert restored.rejoin(1, restarted=False) == Rejoined(17, 5, False, (EarlierWorkers(3, (4, 7, 1)),))
+    (three,) = _services(layout, values, torch.optim.SGD, dict(lr=0.1), AsyncPolicy, num_workers=3)
+    three.load_state_dict(again)  # and back to 3 workers: both restores are kept, oldest first
+    assert three.rejoin(0, restarted=False).earlier == (EarlierWorkers(3, (4, 7, 1)), EarlierWorkers(2, (0, 5)))
+    damaged = {**saved, "clocks": {0: 4, 2: 1, 5: 7}}
+    with pytest.raises(ParameterServerError, match=r"clocks name workers \[0, 2, 5\]: expected workers 0\.\.2"):
+        new.load_state_dict(damaged)

@@ -71,6 +71,9 @@ def register(sub) -> None:
     one.add_argument("--master_port", "--master-port", dest="master_port", type=int, default=None, metavar="PORT", help="port of the replicas' process group (default: first replica's port + 10000)")
     p.add_argument("--max_restarts", "--max-restarts", dest="max_restarts", type=int, default=_int_env("TOWERFLOW_MAX_RESTARTS", 0), metavar="N", help="restart a failed task up to N times (default 0); without ps tasks (all-reduce) a failure restarts every task")
     p.add_argument("--logdir", default=_env("TOWERFLOW_LOGDIR"), metavar="DIR", help="handed to every task as TOWERFLOW_LOGDIR")
+    p.add_argument("--store", default=_env("TOWERFLOW_LAUNCH_STORE"), metavar="URL",
+                   help="keep the cluster's rendezvous in etcd, which outlives any task and host: "
+                        "etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (default: the launcher's or the coordinator's own store)")
     ps = p.add_argument_group("parameter-server update mode (handed to every task)")
     ps.add_argument("--mode", choices=("async", "sync", "ssp"), default=None, help="how the ps tasks apply pushed gradients")
     ps.add_argument("--replicas_to_aggregate", "--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=None, metavar="N", help="sync: gradients per update (fewer than the workers = backup workers)")
@@ -112,7 +115,7 @@ def config_of(args) -> LaunchConfig:
         script=args.script, script_args=tuple(args.args), ps=args.ps, workers=args.workers, chief=args.chief,
         devices=args.devices, nproc=args.nproc, evaluator=args.evaluator, scheduler=args.scheduler,
         cluster_file=args.cluster, job_name=args.job_name, task_index=args.task_index, master_port=args.master_port,
-        max_restarts=args.max_restarts, logdir=args.logdir, ps_runs_script=args.ps_runs_script, mode=args.mode,
+        max_restarts=args.max_restarts, logdir=args.logdir, store=args.store, ps_runs_script=args.ps_runs_script, mode=args.mode,
         replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, local_steps=args.local_steps,
         ps_replicas=args.ps_replicas,
     )

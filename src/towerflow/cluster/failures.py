@@ -230,7 +230,15 @@ def _number(rec: FailureRecord):
 def _board() -> Optional[_Board]:
     if _attached is not None:
         return _Board(_attached)
-    address = _task_env().store
+    env = _task_env()
+    address = env.store
+    if address and _taskenv.is_etcd_url(address):
+        from towerflow.cluster import stores
+        from towerflow.cluster.spec import ClusterSpec
+
+        if not env.cluster:  # the run's prefix is named after the cluster: unknown here
+            return None
+        return _Board(stores.open_etcd(address, ClusterSpec(env.cluster), BOARD_TIMEOUT, BOARD_TIMEOUT, "failure"))
     if address:
         host, port = split_address(address)
         from towerflow.cluster import transport

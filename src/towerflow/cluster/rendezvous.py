@@ -1,7 +1,8 @@
 """Rendezvous: the store where a cluster's tasks meet, and one task's place in it.
 
-The store is hosted by the launcher for a local cluster (`host_rendezvous`, so that it outlives
-any task), else by the coordinator, the first task in rank order, at its own address. A task
+The store (stores.py) is etcd when the task environment names one, which no task hosts; else it is
+hosted by the launcher for a local cluster (so that it outlives any task), else by the
+coordinator, the first task in rank order, at its own address. A task
 that joins checks that it has the same cluster spec and token as the store's publisher, claims
 its slot (taking over a dead holder's slot when it is a restarted incarnation), and waits, with
 a bound and naming who is missing, until every task has done the same. The store also keeps
@@ -14,11 +15,9 @@ environment, so that this module stays testable on a stand-in store.
 from __future__ import annotations
 
 import errno
-import hashlib
 import hmac
 import json
 import os
-import secrets
 import socket
 import sys
 import time
@@ -26,9 +25,11 @@ from typing import Optional
 
 from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import ending as _ending
+from towerflow.cluster import stores as _stores
+from towerflow.cluster.stores import proof
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import transport as _transport
-from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
+from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.errors import ClusterJoinError, ClusterTimeoutError
 
 SAY_EVERY = 5.0  # seconds between repeated waiting messages
@@ -42,48 +43,6 @@ def say(text: str) -> None:
 
 def task_name(job: str, index: int) -> str:
     return f"/job:{job}/task:{index}"
-
-
-def proof(token: Optional[str], nonce: str, what: str) -> str:
-    """Shows the store's publisher (or a slot's claimant) knows the token without sending it."""
-    return hmac.new((token or "").encode(), f"{nonce}:{what}".encode(), hashlib.sha256).hexdigest()
-
-
-def serve_store(sock: socket.socket, cluster: ClusterSpec, token: Optional[str], host_name: str, timeout: float):
-    """Serve the rendezvous store on a listening socket and publish the cluster in it; returns (store, nonce)."""
-    store = _transport.prefix_store("towerflow", _transport.host_store(sock, timeout))
-    nonce = secrets.token_hex(16)
-    store.set(
-        "coordinator",
-        json.dumps(
-            {
-                "task": host_name,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "cluster": cluster.as_dict(),
-                "fingerprint": cluster.fingerprint(),
-                "has_token": token is not None,
-                "nonce": nonce,
-                "proof": proof(token, nonce, "coordinator"),
-            }
-        ),
-    )
-    return store, nonce
-
-
-def host_rendezvous(cluster: ClusterLike, token: Optional[str], address: str, timeout: float = _taskenv.DEFAULT_JOIN_TIMEOUT):
-    """Host a cluster's rendezvous store outside its tasks (what `towerflow launch` does for a local
-    cluster), so that it outlives any task: a killed chief can then be restarted and rejoin.
-
-    Tasks find it through TOWERFLOW_STORE=address. Returns the store; it serves while referenced.
-    """
-    cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
-    host, port = split_address(address)
-    try:
-        sock = _transport.listen(host, port)
-    except OSError as e:
-        raise ClusterJoinError(f"cannot host the rendezvous store at {address!r}: {e.strerror or e}") from None
-    return serve_store(sock, cluster, token, f"towerflow launch (pid {os.getpid()})", timeout)[0]
 
 
 def _slot_taken(name: str, holder: dict) -> ClusterJoinError:
@@ -149,7 +108,7 @@ class Rendezvous:
         except OSError as e:
             raise self._bind_error(e, port_taken_by=None) from None
         self.port = sock.getsockname()[1]
-        self.store, self.nonce = serve_store(sock, self.cluster, self.token, self.name, self.join_timeout)
+        self.store, self.nonce = _stores.serve_store(sock, self.cluster, self.token, self.name, self.join_timeout)
         self.hosts_store = True
 
     def _bind_error(self, e: OSError, port_taken_by: Optional[dict]) -> ClusterJoinError:
@@ -170,7 +129,7 @@ class Rendezvous:
         )
 
     def join(self, deadline: float) -> None:
-        """Join the store (the launcher's, else the coordinator's) by `deadline` and check its publisher."""
+        """Join the store (etcd, the launcher's, else the coordinator's) by `deadline` and check its publisher."""
         bind_error = None
         if self.binding is not None:  # None: a torchrun-named rank, whose entry is not its own address
             try:
@@ -178,6 +137,20 @@ class Rendezvous:
                 self.port = self._sock.getsockname()[1]
             except OSError as e:
                 bind_error = e
+        if _taskenv.is_etcd_url(self.store_address):
+            self.store = _stores.open_etcd(self.store_address, self.cluster, self.join_timeout,
+                                           max(1.0, deadline - time.monotonic()), self.name)
+            info = _stores.publish_or_read(self.store, self.cluster, self.token, self.name)[0]
+        else:
+            info = self._join_hosted(deadline, bind_error)
+        if bind_error is not None:
+            taken = self.is_marked("slot") and json.loads(self.store.get(self.key("slot")))
+            raise self._bind_error(bind_error, taken or None)
+        self._check_publisher(info)
+        self.nonce = info["nonce"]
+
+    def _join_hosted(self, deadline: float, bind_error: Optional[OSError]) -> dict:
+        """Connect to the store the launcher or the coordinator serves, once it listens; its publisher record."""
         if self.store_address is not None:
             c_address, c_name = self.store_address, "the launcher's rendezvous store"
             c_host, c_port = split_address(c_address)
@@ -207,12 +180,7 @@ class Rendezvous:
             time.sleep(POLL)
         store = _transport.connect_store(c_host, c_port, max(1.0, deadline - time.monotonic()))
         self.store = _transport.prefix_store("towerflow", store)
-        info = json.loads(self._get("coordinator", deadline, c_name, c_address))
-        if bind_error is not None:
-            taken = self.is_marked("slot") and json.loads(self.store.get(self.key("slot")))
-            raise self._bind_error(bind_error, taken or None)
-        self._check_publisher(info)
-        self.nonce = info["nonce"]
+        return json.loads(self._get(_stores.PUBLISHER_KEY, deadline, c_name, c_address))
 
     def _check_publisher(self, info: dict) -> None:
         """Refuse a store published for another cluster spec or with another token."""

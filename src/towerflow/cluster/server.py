@@ -25,7 +25,8 @@ from towerflow.cluster import ending as _ending
 from towerflow.cluster import environment as _env
 from towerflow.cluster import failures as _failures
 from towerflow.cluster.membership import Membership, rpc_name
-from towerflow.cluster.rendezvous import Rendezvous, host_rendezvous, say, task_name
+from towerflow.cluster.rendezvous import Rendezvous, say, task_name
+from towerflow.cluster.stores import host_rendezvous
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterError, ClusterSpecError, PeerLostError
@@ -202,7 +203,9 @@ class Server:
         if self.binding is not None:
             return self.binding.host
         c = self.cluster.coordinator()
-        store = self.rendezvous.store_address or self.cluster.task_address(c.job, c.task)
+        store = self.rendezvous.store_address
+        if store is None or _taskenv.is_etcd_url(store):  # etcd: the route towards the coordinator's host
+            store = self.cluster.task_address(c.job, c.task)
         return _addresses.route_source(_addresses.resolve(split_address(store)[0])[0])
 
     def _set_local_task(self) -> None:
@@ -263,10 +266,11 @@ class Server:
             _failures.record(e)  # say why before leaving: the others see this task gone and look for the reason
             self._close(graceful=False)
             raise
-        except Exception as e:  # the store went away: the coordinator is gone
+        except Exception as e:  # the store went away: the coordinator is gone (or, etcd, no member answers)
             self._close(graceful=False)
             c = self.cluster.coordinator()
-            raise PeerLostError(f"{self.name} lost the cluster's coordinator while waiting for the others: {e}",
+            lost = "store" if _taskenv.is_etcd_url(self.rendezvous.store_address) else "coordinator"
+            raise PeerLostError(f"{self.name} lost the cluster's {lost} while waiting for the others: {e}",
                                 task=task_name(c.job, c.task)) from None
         self._close(graceful=True)
 

@@ -1,7 +1,8 @@
 """The cluster's two channels, behind one module: the rendezvous store and remote calls.
 
 The rendezvous is a c10d TCPStore hosted by the launcher or the coordinator task at its cluster
-address (this module is the only cluster code that imports torch.distributed). Remote calls go
+address, or a store in etcd that no task hosts (`etcd_store.py`, a `dist.Store` subclass: this
+module and that one are the only cluster code that imports torch.distributed). Remote calls go
 through this process's ZeroMQ endpoint (`messaging.py`); a task is reachable once its endpoint's
 address is in the store, so joining costs one store write whatever the cluster's size
 (docs/scaling.md). Measured choices: docs/benchmarks.md, "Messaging".
@@ -93,6 +94,14 @@ def connect_store(host: str, port: int, timeout: float, answer_within: float = 1
     if "error" in out:
         raise out["error"]
     return out["store"]
+
+
+def connect_etcd(endpoints, prefix: str, timeout: float, reach_within: float) -> Store:
+    """The store in etcd under `prefix` (cluster/etcd_store.py), which no task hosts; ConnectionError
+    (EtcdUnavailable, naming each member's error) when no member answers within `reach_within` s."""
+    from towerflow.cluster.etcd_store import EtcdStore
+
+    return EtcdStore(endpoints, prefix, timeout, reach_within=reach_within)
 
 
 def prefix_store(prefix: str, store: Store) -> Store:

@@ -4,6 +4,7 @@ and click logs streamed from files."""
 from towerflow.data.batch_facts import BatchFacts, batch_facts
 from towerflow.data.ctr import SyntheticCTR, auc, synthetic_ctr
 from towerflow.data.file_formats import write_ctr_files
+from towerflow.data.file_regroup import Handover
 from towerflow.data.file_stream import FileStream, read_all
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.mnist import Split, load_digits_split, load_mnist_or_digits, load_mnist_t10k, read_idx
@@ -15,6 +16,7 @@ __all__ = [
     "batch_facts",
     "DevicePrefetcher",
     "FileStream",
+    "Handover",
     "read_all",
     "write_ctr_files",
     "DistributedLoader",

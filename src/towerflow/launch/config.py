@@ -34,6 +34,7 @@ class LaunchConfig:
     # every task
     max_restarts: int = 0
     logdir: Optional[str] = None
+    store: Optional[str] = None  # etcd://...: the cluster's rendezvous store; None: the embedded c10d store
     ps_runs_script: bool = False
     # the parameter servers' update mode
     mode: Optional[str] = None

@@ -32,7 +32,7 @@ class LaunchPlan:
 
     cluster: ClusterSpec
     tasks: List[TaskProcessSpec]
-    store_address: Optional[str] = None  # the launcher hosts the rendezvous store here (local clusters)
+    store_address: Optional[str] = None  # the launcher hosts the rendezvous store here (local clusters without --store)
     token: Optional[str] = None
     restart_scope: str = "task"  # "group" for all-reduce replicas: one lost replica restarts them all
     ports: Optional[PortReservation] = None  # a local cluster's ports, held until the launch ends (cluster/ports.py)
@@ -101,10 +101,11 @@ def plan_local(
     logdir: Optional[str] = None,
     token: Optional[str] = None,
     ps_argv: Optional[Sequence[str]] = None,
+    store: Optional[str] = None,
 ) -> LaunchPlan:
     """The whole cluster on this machine: chief, workers (one per device with --devices/--nproc), ps.
     The ps tasks run `ps_argv`, by default `ps_command()` (pass the script's argv for scripts that
-    put work of their own on ps tasks)."""
+    put work of their own on ps tasks). `store` (etcd://...) holds the rendezvous instead of the launcher."""
     device_list: List[Optional[str]] = []
     if devices and nproc:
         raise LaunchError("--devices and --nproc both say how many workers to start; give one of them")
@@ -125,7 +126,7 @@ def plan_local(
     counts = {"chief": int(chief), "worker": n_workers, "ps": ps}
     reservation = PortReservation(sum(counts.values()) + 2)
     try:
-        return _local_plan(counts, reservation, device_list, script_argv, ps_argv, logdir, token)
+        return _local_plan(counts, reservation, device_list, script_argv, ps_argv, logdir, token, store)
     except BaseException:
         reservation.release()
         raise
@@ -133,12 +134,13 @@ def plan_local(
 
 def _local_plan(
     counts: dict, reservation: PortReservation, device_list: List[Optional[str]], script_argv: List[str],
-    ps_argv: Optional[Sequence[str]], logdir: Optional[str], token: Optional[str],
+    ps_argv: Optional[Sequence[str]], logdir: Optional[str], token: Optional[str], store: Optional[str] = None,
 ) -> LaunchPlan:
     """The plan over ports already held: chief, workers, ps in order, then the store's and the replicas' port."""
     ports = list(reservation.ports)
     master_port = ports.pop()
-    store_address = f"{LOOPBACK}:{ports.pop()}"
+    store_port = ports.pop()  # unused with a store in etcd
+    store_address = f"{LOOPBACK}:{store_port}" if store is None else None
     cluster = ClusterSpec({job: [f"{LOOPBACK}:{ports.pop(0)}" for _ in range(n)] for job, n in counts.items() if n})
     token = token or _env.inherited_token() or secrets.token_hex(16)
     tasks = []
@@ -147,7 +149,7 @@ def _local_plan(
         device = device_list[t.task] if t.job == "worker" and device_list else None
         env = _env.task_environment(
             cluster, t.job, t.task, master_addr=LOOPBACK, master_port=master_port,
-            logdir=logdir, device=device, token=token, store=store_address,
+            logdir=logdir, device=device, token=token, store=store or store_address,
         )
         env.update(interface_environment(_addresses.binding_for(cluster, t.job, t.task, here)))
         tasks.append(TaskProcessSpec(t.job, t.task, argv_of(t.job, script_argv, ps_argv), env))
@@ -183,9 +185,11 @@ def plan_one(
     logdir: Optional[str] = None,
     master_port: Optional[int] = None,
     ps_argv: Optional[Sequence[str]] = None,
+    store: Optional[str] = None,
 ) -> LaunchPlan:
     """One task of a multi-host cluster; the token comes from this host's environment, if any.
-    A ps task runs `ps_argv`, as in `plan_local`.
+    A ps task runs `ps_argv`, as in `plan_local`; `store` (etcd://...) holds the rendezvous instead
+    of the coordinator task.
 
     The task's entry must be an address of this machine (checked here, before anything starts);
     its interface is handed to gloo, TensorPipe and NCCL unless this environment names one.
@@ -193,6 +197,7 @@ def plan_one(
     cluster = ClusterSpec.from_json(cluster_file)
     binding = _addresses.binding_for(cluster, job_name, task_index)
     master_addr, master_port = replica_master(cluster, master_port)
-    env = _env.task_environment(cluster, job_name, task_index, master_addr=master_addr, master_port=master_port, logdir=logdir)
+    env = _env.task_environment(cluster, job_name, task_index, master_addr=master_addr, master_port=master_port,
+                                logdir=logdir, store=store)
     env.update(interface_environment(binding))
     return LaunchPlan(cluster, [TaskProcessSpec(job_name, task_index, argv_of(job_name, script_argv, ps_argv), env)])

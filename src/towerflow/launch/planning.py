@@ -31,8 +31,10 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
     pass_ps_mode(config, bool(config.ps) or (resolved is not None and "ps" in resolved.jobs))
     ps_argv = argv if config.ps_runs_script else None
     logdir = os.path.abspath(config.logdir) if config.logdir else None
+    store = taskenv.parse_etcd_url(config.store, "--store").url() if config.store else None
     if resolved is not None:
-        plan = plan_scheduled(argv, resolved, logdir=logdir, ps_argv=ps_argv, master_port=config.master_port)
+        plan = plan_scheduled(argv, resolved, logdir=logdir, ps_argv=ps_argv, master_port=config.master_port,
+                              store=store)
         _warn_without_token(plan.cluster)
         return plan
     if config.evaluator:
@@ -44,11 +46,11 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
         if config.ps or config.workers or config.chief or config.devices or config.nproc:
             raise TowerflowError("--cluster runs one task of a given cluster; drop --ps/--workers/--chief/--devices/--nproc")
         plan = plan_one(argv, config.cluster_file, config.job_name, config.task_index, logdir=logdir,
-                        master_port=config.master_port, ps_argv=ps_argv)
+                        master_port=config.master_port, ps_argv=ps_argv, store=store)
         _warn_without_token(plan.cluster)
         return plan
     return plan_local(argv, ps=config.ps, workers=config.workers, chief=config.chief, devices=config.devices,
-                      nproc=config.nproc, logdir=logdir, ps_argv=ps_argv)
+                      nproc=config.nproc, logdir=logdir, ps_argv=ps_argv, store=store)
 
 
 def run(config: LaunchConfig, plan: LaunchPlan) -> int:

@@ -39,19 +39,20 @@ def resolve_slot(env: Mapping[str, str], scheduler: Optional[str] = None,
 
 def plan_scheduled(script_argv: List[str], resolved: Resolved, logdir: Optional[str] = None,
                    ps_argv: Optional[Sequence[str]] = None, master_port: Optional[int] = None,
-                   gpus: Optional[Callable[[], int]] = None) -> LaunchPlan:
+                   gpus: Optional[Callable[[], int]] = None, store: Optional[str] = None) -> LaunchPlan:
     """This slot's task of `resolved` (its cluster known: `gather.complete` first when it is not).
 
-    `gpus` counts this machine's GPUs (default: the devices layer's count), for the device hint.
+    `gpus` counts this machine's GPUs (default: the devices layer's count), for the device hint;
+    `store` (etcd://...) holds the rendezvous instead of the coordinator task.
     """
-    env = slot_environment(resolved, logdir=logdir, master_port=master_port, gpus=gpus)
+    env = slot_environment(resolved, logdir=logdir, master_port=master_port, gpus=gpus, store=store)
     job, index = resolved.job_name, resolved.task_index
     return LaunchPlan(ClusterSpec(resolved.cluster),
                       [TaskProcessSpec(job, index, argv_of(job, script_argv, ps_argv), env, NOT_INHERITED)])
 
 
 def slot_environment(resolved: Resolved, logdir: Optional[str] = None, master_port: Optional[int] = None,
-                     gpus: Optional[Callable[[], int]] = None) -> dict:
+                     gpus: Optional[Callable[[], int]] = None, store: Optional[str] = None) -> dict:
     """The environment contract for this slot's task (what `plan_one` gives a task of a cluster file)."""
     cluster = resolved.cluster_spec()
     job, index = resolved.job_name, resolved.task_index
@@ -62,7 +63,7 @@ def slot_environment(resolved: Resolved, logdir: Optional[str] = None, master_po
     replica = (job, index) in [(t.job, t.task) for t in cluster.replicas()]
     device = _device(resolved.device, gpus) if replica else None
     env = _env.task_environment(cluster, job, index, master_addr=master_addr, master_port=master_port, logdir=logdir,
-                                device=device)
+                                device=device, store=store)
     env.update(interface_environment(binding))
     return env
 

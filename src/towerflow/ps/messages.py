@@ -178,10 +178,21 @@ class PushPulled:
 
 
 @dataclasses.dataclass(frozen=True)
+class EarlierWorkers:
+    """The workers of a checkpoint that a ps restored into a job of another worker count: how many there
+    were and each one's clock (pushes) then. The new workers read on from their positions (docs/data.md)."""
+
+    num_workers: int
+    clocks: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Rejoined:
-    """A worker's place at one ps after a loss: the global step, its pushes there, whether it had finished."""
+    """A worker's place at one ps after a loss: the global step, its pushes there, whether it had finished,
+    and the worker counts that the job's checkpoints were restored from (oldest first; its pushes count
+    from the last of those restores)."""
 
     global_step: int
     pushes: int
     finished: bool
-    restored_workers: Optional[int] = None  # the workers of the checkpoint this ps restored, if it restored one
+    earlier: Tuple[EarlierWorkers, ...] = ()

@@ -124,6 +124,10 @@ class MonitoredTrainingSession:
             return
         self.restored = self.checkpoints.restore(self.model, self.optimizer, latest)
         self._set_global_step(self.restored.step)
+        restore_files = getattr(self.strategy, "restore_files_checkpoint", None)
+        if restore_files is not None:  # where its files stand, also on another number of workers
+            extra = self.restored.extra if isinstance(self.restored.extra, dict) else {}
+            restore_files(extra.get("files"), self.restored.step)
         if self.metrics is not None:
             self.metrics.write(self.global_step, event=f"restored {os.path.basename(self.restored.path)}")
 
@@ -163,10 +167,15 @@ class MonitoredTrainingSession:
         if self.checkpoints is None:
             return None
         data = self._data_state() if self._data_state is not None else {"global_step": self.global_step}
-        path = self.checkpoints.save(self.global_step, self.model, self.optimizer, data_state=data)
+        path = self.checkpoints.save(self.global_step, self.model, self.optimizer, data_state=data,
+                                     extra={"files": self._files_checkpoint()})
         if self.metrics is not None:
             self.metrics.write(self.global_step, event=f"checkpoint {os.path.basename(path)}")
         return path
+
+    def _files_checkpoint(self) -> dict:
+        keep = getattr(self.strategy, "files_checkpoint", None)
+        return keep() if keep is not None else {}
 
     def extra_metrics(self) -> Dict[str, Any]:
         """Fields a strategy adds to each metrics record (staleness, bytes moved), and device memory."""

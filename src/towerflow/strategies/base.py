@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from towerflow import taskenv as _taskenv
+from towerflow.data.file_regroup import Resume, StepPositions
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
@@ -76,6 +77,7 @@ class Strategy:
     towers_per_process = 1
     # The stream of the last `distribute_files` (its position goes into the metrics records); None before.
     file_stream: Optional["FileStream"] = None
+    _file_positions = StepPositions()  # restores onto other worker counts (`restore_files_checkpoint`)
 
     def __init__(
         self,
@@ -230,14 +232,14 @@ class Strategy:
         text files) dealt round-robin over the workers, shuffled in windows of `shuffle_window` records, read
         ahead by a thread; `batch_size` records per step per process (towers in one process share its files).
         Formats: parquet, arrow, criteo. A worker that starts where training already stands (restarted, or the
-        job restored from a checkpoint) starts its files there too: `_batches_trained()`, asked when the first
-        batch is drawn."""
+        job restored from a checkpoint, also onto another number of workers) starts its files there too:
+        `_files_resume()`, asked when the first batch is drawn."""
         from towerflow.data.file_stream import FileStream
 
         self.file_stream = FileStream(paths, format, batch_size, rows_per_table,
                                       worker=self.replica_id // self.towers_per_process, num_workers=self._num_shards,
                                       shuffle_window=shuffle_window, seed=seed, on_bad_record=on_bad_record,
-                                      resume=self._batches_trained)
+                                      resume=self._files_resume)
         return self.file_stream
 
     def data_position(self) -> dict:
@@ -247,9 +249,25 @@ class Strategy:
         if stream is None:
             return {}
         out = {"data_epoch": stream.epoch, "data_records": stream.taken}
-        if all(u.records >= 0 for u in stream.units):
-            out["data_epoch_records"] = stream.records_per_epoch()
+        size = stream.epoch_records()
+        if size is not None:
+            out["data_epoch_records"] = size
         return out
+
+    def _files_resume(self) -> Resume:
+        """Where this worker's files stand when its stream starts: one batch per global step since the last
+        restore onto another number of workers (and those restores)."""
+        return self._file_positions.resume(self._batches_trained())
+
+    def files_checkpoint(self) -> dict:
+        """What a checkpoint keeps of the files (MonitoredTrainingSession saves it with every checkpoint): the
+        workers that read them and the restores that made their plans."""
+        return self._file_positions.state(self._num_shards)
+
+    def restore_files_checkpoint(self, state: Any, step: int) -> None:
+        """A checkpoint's `files_checkpoint()` at global step `step`: a job restored onto another number of
+        workers reads the old workers' remainders first (docs/data.md)."""
+        self._file_positions = StepPositions.restored(state, step, self._num_shards)
 
     def _batches_trained(self) -> int:
         """Batches this process has trained in the run so far: one per global step when every replica steps

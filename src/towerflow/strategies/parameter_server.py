@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from towerflow.cluster import server as _server
+from towerflow.data.file_regroup import Resume
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.layout import Layout, Partition, plan_layout
 from towerflow.ps.messages import PolicySpec
@@ -38,6 +39,7 @@ from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
 from towerflow.ps.worker.client import PSClient
+from towerflow.ps.worker.file_position import resume_point
 from towerflow.ps.worker.local_steps import check_local_steps
 from towerflow.ps.worker.lookups import TableLookups, detach_rows, find_tables, table_spec
 from towerflow.ps.worker.optimizer import PSOptimizer
@@ -275,20 +277,19 @@ class ParameterServerStrategy(Strategy):
         self.steps.restore(step)
         return step
 
-    def _batches_trained(self) -> int:
-        """This worker's batches so far: its clock, the pushes the ps tasks counted from it (k batches a push with
-        local steps). A restarted worker learned it when it rejoined; a fresh one asks, since the job may have
-        been restored from a checkpoint, which keeps the clocks."""
-        if self.client.pushes:
-            return self.client.pushes * self.local_steps
-        at_ps = self.client.clock_at_ps()
-        if at_ps.restored_workers not in (None, self.num_replicas_in_sync):
-            raise ParameterServerError(
-                f"this job was restored from a checkpoint of {at_ps.restored_workers} workers and runs "
-                f"{self.num_replicas_in_sync}: where each worker stood in its files cannot be carried across worker "
-                "counts (the files are dealt anew); restore with the same number of workers, or start the files "
-                "over by reading them with towerflow.data.FileStream yourself")
-        return at_ps.pushes * self.local_steps
+    def _files_resume(self) -> Resume:
+        """Where this worker's files stand: its clock, the pushes the ps tasks counted from it (k batches a push
+        with local steps), and, for a job restored onto another number of workers, the old workers' clocks. A
+        restarted worker learned its clock when it rejoined; a fresh one asks, since the job may have been
+        restored from a checkpoint, which keeps the clocks."""
+        return resume_point(self.client.clock_at_ps(), self.client.pushes, self.local_steps)
+
+    def files_checkpoint(self) -> dict:
+        """Nothing: the ps tasks' own checkpoints keep every worker's clock (and an earlier job's workers')."""
+        return {}
+
+    def restore_files_checkpoint(self, state: Any, step: int) -> None:
+        """Nothing: a restored ps tells each worker where it stands (`_files_resume`)."""
 
     def shutdown(self) -> None:
         """finish(), then, when this strategy started the task's server, wait for the others and leave."""

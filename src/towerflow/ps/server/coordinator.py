@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.messages import Ticket
+from towerflow.ps.messages import EarlierWorkers, Ticket
 from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 
 
@@ -85,7 +85,8 @@ class Coordinator:
         self.dropped = 0
         self.dropped_by_worker: Dict[int, int] = collections.Counter()
         self.pushes_by_worker: Dict[int, int] = collections.Counter()
-        self.restored_workers: Optional[int] = None
+        # the worker counts this job's checkpoints were restored from, oldest first; the clocks count from the last
+        self.earlier: Tuple[EarlierWorkers, ...] = ()
         self.staleness: Dict[int, int] = collections.Counter()  # staleness -> applied gradients
         self.max_staleness = 0
         self._repeating: set = set()  # sync: restarted workers whose gradient of this step is already held
@@ -161,11 +162,21 @@ class Coordinator:
             self._repeating.add(worker)
         return False
 
-    def restore(self, global_step: int, clocks: Dict[int, int], finished=()) -> None:
-        """Go back to a checkpoint: its step and clocks; held gradients are discarded and every
-        waiting pull goes (with the restored values), since what it waited for no longer comes."""
+    def restore(self, global_step: int, clocks: Dict[int, int], finished=(),
+                earlier: Sequence[EarlierWorkers] = ()) -> None:
+        """Go back to a checkpoint: its step, clocks and `earlier` worker counts; held gradients are discarded
+        and every waiting pull goes (with the restored values), since what it waited for no longer comes.
+        A checkpoint of another number of workers (its clocks name every worker) becomes one more of the
+        `earlier`, and every clock starts from 0: the new workers count their batches from the restore."""
         self.global_step = int(global_step)
-        self.restored_workers = len(clocks) or None  # a checkpoint's worker count (its clocks name every worker)
+        self.earlier = tuple(earlier)
+        if clocks and len(clocks) != self.num_workers:
+            if sorted(clocks) != list(range(len(clocks))):
+                raise ParameterServerError(
+                    f"the checkpoint's clocks name workers {sorted(clocks)}: expected workers 0..{len(clocks) - 1}, one "
+                    "clock each; the checkpoint is damaged, restore an earlier one")
+            self.earlier += (EarlierWorkers(len(clocks), tuple(int(clocks[w]) for w in range(len(clocks)))),)
+            clocks = {}
         for w in range(self.num_workers):
             self.clocks[w] = self.pushes_by_worker[w] = int(clocks.get(w, 0))
         self.held = []

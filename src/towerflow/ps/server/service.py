@@ -31,8 +31,8 @@ import torch
 from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.server.coordinator import Coordinator, Go
-from towerflow.ps.messages import (PUSH_KINDS, Pulled, PushOutcome, PushPull, PushPulled, Rejoined, RowPush, RowRead,
-                                   Ticket)
+from towerflow.ps.messages import (PUSH_KINDS, EarlierWorkers, Pulled, PushOutcome, PushPull, PushPulled, Rejoined,
+                                   RowPush, RowRead, Ticket)
 from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 from towerflow.ps.replication_messages import FinishOp, LoadStateOp, PushOp, RejoinOp, RowsReadOp
@@ -315,11 +315,12 @@ class ShardService:
             else:
                 finished = worker not in self.coordinator.active
             return Rejoined(self.coordinator.global_step, self.coordinator.pushes_by_worker[worker], finished,
-                            self.coordinator.restored_workers)
+                            self.coordinator.earlier)
 
     # ---- checkpoints
     def state_dict(self) -> dict:
-        """Values, optimizer state, global step and worker clocks, copied (a checkpoint of this ps task)."""
+        """Values, optimizer state, global step, worker clocks and the worker counts restored from before them,
+        copied (a checkpoint of this ps task)."""
         import copy
 
         with self._lock:
@@ -330,6 +331,7 @@ class ShardService:
                 "tables": copy.deepcopy(self.tables.state_dict()) if self.tables else {},
                 "global_step": self.coordinator.global_step,
                 "clocks": dict(self.coordinator.clocks),
+                "earlier": [[e.num_workers, list(e.clocks)] for e in self.coordinator.earlier],
             }
 
     def load_state_dict(self, state: dict, finished: Sequence[int] = ()) -> int:
@@ -352,7 +354,9 @@ class ShardService:
                 self.tables.load_state_dict(state.get("tables") or {})
             self._summed = 0
             clocks = state.get("clocks") or {}
-            self.coordinator.restore(int(state["global_step"]), {int(w): int(c) for w, c in clocks.items()}, finished)
+            earlier = [EarlierWorkers(int(n), tuple(int(c) for c in counts)) for n, counts in state.get("earlier") or ()]
+            self.coordinator.restore(int(state["global_step"]), {int(w): int(c) for w, c in clocks.items()}, finished,
+                                     earlier)
             released = self._take_released()
             step = self.coordinator.global_step
         self._complete(released)

@@ -137,10 +137,10 @@ class PSClient:
         self.pushes = max((r.pushes for r in rejoined), default=0)
         return rejoined
 
-    def clock_at_ps(self) -> Rejoined:
-        """The pushes the ps tasks counted from this worker (a checkpoint keeps them), asked without rejoining."""
-        rejoined = self.on_all(Endpoints.rejoin, self.worker, False, False, None)
-        return max(rejoined, key=lambda r: r.pushes)
+    def clock_at_ps(self) -> List[Rejoined]:
+        """Each ps task's count of this worker's pushes, asked without rejoining (a checkpoint keeps each worker's,
+        and the old workers' when restored onto another number of workers; a fresh worker does not know them)."""
+        return self.on_all(Endpoints.rejoin, self.worker, False, False, None)
 
     def follow_restarts(self) -> None:
         """After a ps task was restarted: call each ps task's current incarnation, forget values fetched ahead."""

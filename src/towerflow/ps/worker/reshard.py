@@ -140,5 +140,5 @@ def reshard(parts: Mapping[Any, dict], old: Layout, new: Layout, specs: Mapping[
     out = {}
     for task in range(new.num_ps):
         out[task] = {**dense[task], "tables": tables[task], "global_step": step,
-                     "clocks": dict(ordered[0].get("clocks") or {})}
+                     "clocks": dict(ordered[0].get("clocks") or {}), "earlier": list(ordered[0].get("earlier") or [])}
     return out

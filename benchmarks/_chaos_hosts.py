@@ -1,0 +1,117 @@
+"""benchmarks/chaos.py's job on three network-namespace hosts (root): the ps and the two workers each on
+a host of its own under a launcher of its own, as on three machines (tests/multihost/netns.py).
+
+With `store="etcd"` every host also runs a member of a 3-member etcd cluster (tests/cluster/_etcd.py,
+data on tmpfs, as a machine's disk) that holds the rendezvous (`--store etcd://...`); a lost host
+loses its member too, and both come back when the host does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+_TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path[:0] = [str(_TESTS / "multihost"), str(_TESTS / "cluster")]
+from _etcd import member_argv  # noqa: E402
+from netns import Hosts  # noqa: E402
+
+from chaos import Output  # noqa: E402
+
+_PLACES = (("ps", 0), ("worker", 0), ("worker", 1))  # host i runs _PLACES[i]
+
+
+class NamespaceHosts:
+    """The cluster across three namespace hosts; a task or a whole host can be killed, a host started again."""
+
+    def __init__(self, work: Path, job_argv: List[str], env: Dict[str, str], store: Optional[str] = None):
+        self.hosts = Hosts(3, work)
+        self.output = Output()
+        self.work = work
+        self.job_argv = job_argv
+        self.env = {"TOWERFLOW_CLUSTER_TOKEN": "chaos-" + os.urandom(4).hex(), "PYTHONPATH": env["PYTHONPATH"]}
+        self.flags = ["--max-restarts", "1000", "--logdir", str(work / "logdir")]
+        self.etcd: List = []
+        self._etcd_data: Optional[Path] = None
+        try:
+            if store == "etcd":
+                self._start_etcd()
+            ports = (7100, 7101, 7102)
+            cluster = {"ps": [f"{self.hosts[0].name}:{ports[0]}"],
+                       "worker": [f"{self.hosts[1].name}:{ports[1]}", f"{self.hosts[2].name}:{ports[2]}"]}
+            self.cluster_file = work / "cluster.json"
+            self.cluster_file.write_text(json.dumps(cluster))
+            self.procs = [self._start(i) for i in range(3)]
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_etcd(self) -> None:
+        self._etcd_data = Path(tempfile.mkdtemp(prefix="towerflow-chaos-etcd-",
+                                                dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        self._peers = ",".join(f"m{i}=http://{h.address}:2380" for i, h in enumerate(self.hosts.hosts))
+        self.etcd = [self._start_member(i) for i in range(3)]
+        members = [(h.address, 2379) for h in self.hosts.hosts]
+        # asked from a host: this machine's own network does not reach the hosts' bridge (and must not try)
+        ready = ("import sys; sys.path.insert(0, sys.argv[1]); from _etcd import wait_ready; "
+                 "wait_ready([(a, 2379) for a in sys.argv[2:]], timeout=60)")
+        argv = [sys.executable, "-c", ready, str(_TESTS / "cluster"), *(h.address for h in self.hosts.hosts)]
+        done = subprocess.run(self.hosts[0].command(argv), env={**os.environ, **self.env}, capture_output=True,
+                              text=True, timeout=90)
+        if done.returncode:
+            raise RuntimeError(f"etcd on the hosts did not come up: {done.stderr[-2000:]}")
+        self.flags += ["--store", "etcd://" + ",".join(f"{a}:{p}" for a, p in members) + f"/chaos-{self.hosts.tag}"]
+
+    def _start_member(self, i: int):
+        host = self.hosts[i]
+        argv = member_argv(f"m{i}", host.address, 2379, 2380, self._peers, self._etcd_data / f"m{i}", self.hosts.tag)
+        return self.hosts.start(host, argv, f"etcd-m{i}-{len(self.hosts.procs)}")
+
+    def _start(self, i: int):
+        job, index = _PLACES[i]
+        proc = self.hosts.launch(self.hosts[i], self.cluster_file, job, index, self.job_argv, env=self.env,
+                                 launch_flags=self.flags)
+        self.output.follow(proc.log)
+        return proc
+
+    def running(self) -> bool:
+        return any(p.popen.poll() is None for p in self.procs)
+
+    def targets(self) -> List[str]:
+        return [f"/job:{job}/task:{index}" for job, index in _PLACES]
+
+    def kill_task(self, task: str) -> bool:
+        pid = self.output.pids().get(task)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 9)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def kill_host(self, task: str) -> bool:
+        """Every process of the task's host dies (its launcher too); then its launcher starts again."""
+        i = self.targets().index(task)
+        if self.procs[i].popen.poll() is not None:
+            return False
+        self.procs[i].kill()
+        if self.etcd:
+            self.etcd[i].kill()
+            self.etcd[i] = self._start_member(i)  # the machine's disk kept its data
+        self.procs[i] = self._start(i)
+        return True
+
+    def exit_code(self, timeout: float) -> int:
+        codes = [p.popen.wait(timeout) for p in self.procs]
+        return next((c for c in codes if c), 0)
+
+    def close(self) -> None:
+        self.hosts.close()
+        if self._etcd_data is not None:
+            shutil.rmtree(self._etcd_data, ignore_errors=True)

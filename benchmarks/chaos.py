@@ -1,0 +1,267 @@
+"""Chaos: SIGKILL a random task (or a whole host) every K seconds for a whole run, and report what it cost.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host] [--store etcd] [--every 30]
+        [--steps 20000] [--mode async] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
+
+The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`,
+a checkpoint every 100 global steps. An undisturbed run of the same job, the chaos run, and an
+undisturbed run again (the machine's load drifts); all run `--steps` global steps, so the efficiency
+is the undisturbed runs' mean wall time over the chaos run's (its global steps/s against theirs).
+`--hosts 1`: one `towerflow launch` runs the whole cluster. `--hosts 3` (root, `ip netns`): the ps and the two workers each on a network-namespace
+host with a launcher of its own (`--cluster FILE`); `--kill host` there kills a host's launcher with
+every task on it, then starts that launcher again, as a machine that reboots.
+
+The kills come every K s from the first step on, at a random task each time; the next kill waits for
+the last one's recovery (a second loss during a recovery is another test). Reported: exit code, test
+accuracy of both runs, efficiency, every kill with its recovery time (SIGKILL to the line that says
+the task is back), and the global steps lost (what the workers report losing at each ps restore).
+The load average is printed with the result: on a shared machine it says how much to trust the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "mnist-t10k"
+TASKS = ("/job:ps/task:0", "/job:worker/task:0", "/job:worker/task:1")
+_STARTED = re.compile(r"(/job:\w+/task:\d+) \(pid (\d+)\)")
+_RESTARTED = re.compile(r"(/job:\w+/task:\d+) \(pid \d+\) .*restarting it \(\d+ of \d+\) as pid (\d+)")
+_LOST_STEPS = re.compile(r"lost: (\d+) global steps since that checkpoint")
+_ACCURACY = re.compile(r"\[worker:0\] test accuracy: (\d\.\d+)")
+
+
+def recovered_line(task: str) -> re.Pattern:
+    """The line that says `task` is back after a kill: a restored ps (the workers say so), a worker training
+    again, or a restart that found the training over (it exits 0)."""
+    return re.compile(re.escape(task) + r"( is back| rejoined training| \(restart \d+\) has nothing to rejoin)")
+
+
+class Output:
+    """Launcher output files, read as they grow, each line stamped with when it was seen."""
+
+    def __init__(self) -> None:
+        self.files: List[Path] = []
+        self._offsets: Dict[Path, int] = {}
+        self.lines: List[Tuple[float, str]] = []
+
+    def follow(self, path: Path) -> None:
+        self.files.append(path)
+        self._offsets[path] = 0
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        for path in self.files:
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                f.seek(self._offsets[path])
+                data = f.read()
+            cut = data.rfind(b"\n") + 1  # a line still being written waits for its end
+            self._offsets[path] += cut
+            self.lines += [(now, line) for line in data[:cut].decode(errors="replace").splitlines()]
+
+    def first(self, pattern: re.Pattern, after: float = 0.0) -> Optional[float]:
+        self.poll()
+        return next((t for t, line in self.lines if t >= after and pattern.search(line)), None)
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def pids(self) -> Dict[str, int]:
+        """Each task's current process id, from the launchers' `started` and `restarting it` lines."""
+        self.poll()
+        out: Dict[str, int] = {}
+        for _, line in self.lines:
+            restarted = _RESTARTED.search(line)
+            if restarted:
+                out[restarted.group(1)] = int(restarted.group(2))
+            elif "started " in line:
+                out.update({task: int(pid) for task, pid in _STARTED.findall(line)})
+        return out
+
+
+class OneHost:
+    """The whole cluster under one `towerflow launch`."""
+
+    def __init__(self, work: Path, job_argv: List[str], env: Dict[str, str]):
+        self.output = Output()
+        log = work / "launch.log"
+        argv = [sys.executable, "-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--max-restarts", "1000",
+                "--logdir", str(work / "logdir"), *job_argv]
+        self.proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, cwd=str(ROOT), start_new_session=True)
+        self.output.follow(log)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill_task(self, task: str) -> bool:
+        pid = self.output.pids().get(task)
+        return pid is not None and _kill(pid)
+
+    def exit_code(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        _killpg(self.proc.pid)
+
+
+def _kill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: random.Random,
+            max_kills: Optional[int] = None) -> dict:
+    """One run: kills every `every` s (none when `kill` is None; at most `max_kills`) until the job ends."""
+    job = make_job()
+    t0 = time.monotonic()
+    kills: List[dict] = []
+    try:
+        first_step = None
+        while job.running() and time.monotonic() - t0 < timeout:
+            time.sleep(0.05)
+            job.output.poll()  # every line stamped within 50 ms of its writing: the recovery times rest on it
+            if first_step is None:
+                first_step = job.output.first(re.compile(r"\[worker:0\] step \d+/"))
+                next_kill = (first_step or 0) + every
+                continue
+            if kill is None or time.monotonic() < next_kill or (max_kills is not None and len(kills) >= max_kills):
+                continue
+            if kills and kills[-1]["recovered_s"] is None:  # the last kill is not recovered yet: wait for it
+                back = job.output.first(recovered_line(kills[-1]["task"]), after=kills[-1]["at"])
+                if back is None:
+                    continue
+                kills[-1]["recovered_s"] = round(back - kills[-1]["at"], 2)
+            target = rng.choice(job.targets() if kill == "host" else TASKS)
+            at = time.monotonic()
+            if (job.kill_host(target) if kill == "host" else job.kill_task(target)):
+                kills.append({"task": target, "at": at, "after_start_s": round(at - t0, 1), "recovered_s": None})
+            next_kill = at + every
+        if job.running():
+            raise SystemExit(f"the run did not end within {timeout:.0f} s:\n{job.output.text()[-3000:]}")
+        code = job.exit_code(30)
+        wall = time.monotonic() - t0
+    finally:
+        job.close()
+    job.output.poll()
+    text = job.output.text()
+    for k in kills:
+        if k["recovered_s"] is None:
+            back = job.output.first(recovered_line(k["task"]), after=k["at"])
+            k["recovered_s"] = None if back is None else round(back - k["at"], 2)
+    accuracy = _ACCURACY.search(text)
+    return {"exit_code": code, "wall_s": round(wall, 2), "accuracy": float(accuracy.group(1)) if accuracy else None,
+            "kills": [{k: v for k, v in kill.items() if k != "at"} for kill in kills],
+            "steps_lost": _steps_lost(job.output), "tail": text[-2000:] if code else ""}
+
+
+def _steps_lost(output: Output) -> int:
+    """Global steps lost at ps restores: each restore's loss, as its workers report it (once per restore)."""
+    restores = re.compile(r"/job:ps/task:\d+ is back")
+    lost, seen = 0, set()
+    for stamp, line in output.lines:
+        found = _LOST_STEPS.search(line)
+        if found and restores.search(line):
+            key = round(stamp, 0)  # the workers of one restore say it within a second of each other
+            if key not in seen and key - 1 not in seen:
+                seen.add(key)
+                lost += int(found.group(1))
+    return lost
+
+
+def summarize(cleans: List[dict], chaos: dict, every: float) -> dict:
+    """Efficiency: the undisturbed runs' mean wall time over the chaos run's, for the same global steps."""
+    times = [k["recovered_s"] for k in chaos["kills"] if k["recovered_s"] is not None]
+    clean_wall = statistics.mean(c["wall_s"] for c in cleans) if cleans else None
+    return {
+        "every_s": every,
+        "kills": len(chaos["kills"]),
+        "unrecovered": sum(k["recovered_s"] is None for k in chaos["kills"]),
+        "clean_wall_s": [c["wall_s"] for c in cleans], "chaos_wall_s": chaos["wall_s"],
+        "efficiency": round(clean_wall / chaos["wall_s"], 3) if cleans and chaos["exit_code"] == 0 else None,
+        "accuracy_clean": [c["accuracy"] for c in cleans], "accuracy_chaos": chaos["accuracy"],
+        "recovery_median_s": statistics.median(times) if times else None,
+        "recovery_worst_s": max(times) if times else None,
+        "steps_lost": chaos["steps_lost"],
+        "load_average": os.getloadavg(),
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--hosts", type=int, choices=(1, 3), default=1)
+    p.add_argument("--kill", choices=("task", "host"), default="task")
+    p.add_argument("--store", choices=("embedded", "etcd"), default="embedded",
+                   help="--hosts 3: the rendezvous in the coordinator task (embedded) or a 3-member etcd on the hosts")
+    p.add_argument("--every", type=float, default=30.0, help="seconds between kills")
+    p.add_argument("--steps", type=int, default=20000, help="global steps of each run")
+    p.add_argument("--mode", default="async", choices=("async", "sync", "ssp"))
+    p.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
+    p.add_argument("--seed", type=int, default=0, help="which task each kill picks")
+    p.add_argument("--data", default=str(DATA), help="the MNIST IDX folder (the digits stand in without it)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds each run may take")
+    p.add_argument("--no-clean", action="store_true", help="skip the undisturbed run (no efficiency then)")
+    p.add_argument("--out", help="keep the runs' logs and logdirs here")
+    p.add_argument("--json", help="write the result here too")
+    args = p.parse_args(argv)
+    if args.kill == "host" and args.hosts == 1:
+        p.error("--kill host needs --hosts 3: with one host, losing it ends the job by definition")
+    if args.store == "etcd" and args.hosts == 1:
+        p.error("--store etcd needs --hosts 3: on one host the launcher holds the store and outlives every task")
+    job_argv = [str(ROOT / "examples" / "mnist_ps.py"), "--data", args.data, "--mode", args.mode,
+                "--steps", str(args.steps), "--save-checkpoint-steps", "100"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT / "src")}
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="towerflow-chaos-"))
+    results = {"clean": None, "clean_after": None}
+    # clean, chaos, clean again: the machine's load drifts, and the chaos run is held against both
+    order = [("chaos", args.kill)] if args.no_clean else [("clean", None), ("chaos", args.kill), ("clean_after", None)]
+    for name, kill in order:
+        work = out / name
+        work.mkdir(parents=True, exist_ok=True)
+        if args.hosts == 1:
+            make = lambda work=work: OneHost(work, job_argv, env)  # noqa: E731
+        else:
+            from _chaos_hosts import NamespaceHosts
+
+            store = None if args.store == "embedded" else args.store
+            make = lambda work=work: NamespaceHosts(work, job_argv, env, store)  # noqa: E731
+        results[name] = run_job(make, kill, args.every, args.timeout, random.Random(args.seed), args.max_kills)
+        print(f"{name}: exit {results[name]['exit_code']}, {results[name]['wall_s']} s, accuracy "
+              f"{results[name]['accuracy']}, {len(results[name]['kills'])} kills", flush=True)
+        if results[name]["exit_code"] != 0:
+            print(results[name]["tail"], file=sys.stderr)
+    result = {"args": vars(args), **results,
+              "summary": summarize([r for r in (results["clean"], results["clean_after"]) if r], results["chaos"],
+                                   args.every)}
+    print(json.dumps(result["summary"], indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
