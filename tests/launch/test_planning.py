@@ -39,6 +39,9 @@ def test_an_embedded_cluster_is_planned_from_a_config(script):
     (dict(evaluator=True), "--evaluator is a role among a scheduler's ranks"),
     (dict(workers=2, mode="sync"), "--mode sync chooses how parameter servers apply updates; add --ps N"),
     (dict(ps=1, mode="async", staleness=2), "--staleness 2 goes with --mode ssp"),
+    (dict(ps=1, workers=1, ps_replicas=2), r"--ps-replicas 2 with --ps 1: expected 1 .* use --ps-replicas 2 with --ps 2"),
+    (dict(ps=3, workers=1, ps_replicas=3), "--ps-replicas 3 with --ps 3: expected 1"),
+    (dict(workers=2, ps_replicas=2), "--ps-replicas 2 with --ps 0"),
 ])
 def test_a_launch_that_cannot_run_is_refused_with_the_flag_to_change(script, config, message):
     with pytest.raises(TowerflowError, match=message):

@@ -29,9 +29,9 @@ def test_reader_skips_the_torn_last_line(logdir):
 def test_top_rows_show_the_newest_values_per_task(logdir):
     rows = {r[0]: r for r in top.rows(read_metrics(str(logdir)), now=1010.0)}
     assert list(rows) == ["ps:0", "worker:0", "worker:1"]
-    # task, role, state, device, step, steps/s, loss, staleness, pushed, pulled, rows, data, mem, age
+    # task, role, state, device, step, steps/s, loss, staleness, pushed, pulled, rows, replica, data, mem, age
     assert rows["worker:0"] == ["worker:0", "chief", "running", "CPU:0", "30", "11.0", "0.5000", "0.2 (max 1)",
-                                "2.0 MB", "4.0 MB", "-", "-", "512", "6s"]
+                                "2.0 MB", "4.0 MB", "-", "-", "-", "512", "6s"]
     assert rows["worker:1"][4:8] == ["24", "9.0", "1.5000", "1.3 (max 2)"]
     assert rows["ps:0"][5:8] == ["-", "-", "-"]
 
@@ -41,7 +41,17 @@ def test_top_renders_a_table_with_a_header(logdir):
     lines = text.splitlines()
     assert "3 tasks, 7 records" in lines[0] and "run running" in lines[0]
     assert lines[1].split() == ["task", "role", "state", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled", "rows", "(+in",
-                                 "-out)", "data", "(epoch:", "read)", "mem", "MiB", "age"]
+                                 "-out)", "replica", "data", "(epoch:", "read)", "mem", "MiB", "age"]
+
+
+def test_top_shows_a_ps_tasks_backup_and_its_lag_or_that_it_is_unreplicated():
+    base = {"time": 1000.0, "step": 5, "role": "ps"}
+    records = [{**base, "task": "ps:0", "replica_backup": "ps:1", "replica_lag": 2, "replica_degraded": False},
+               {**base, "task": "ps:1", "replica_backup": None, "replica_lag": 0, "replica_degraded": True},
+               {**base, "task": "ps:2"}]  # --ps-replicas 1
+    rows = {r[0]: r for r in top.rows(records, now=1001.0)}
+    column = top.COLUMNS.index("replica")
+    assert [rows[t][column] for t in ("ps:0", "ps:1", "ps:2")] == ["ps:1 lag 2", "degraded", "-"]
 
 
 def test_top_shows_where_each_worker_stands_in_its_files():

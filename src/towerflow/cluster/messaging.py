@@ -240,6 +240,9 @@ class Endpoint:
         socket.connect_timeout = self._heartbeat_timeout_ms
         self._security.dial(socket)
 
+    def is_socket_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
     def direct(self, to: str):
         """A `DirectChannel` to task `to` for the calling thread alone (cluster/direct.py); PeerGone when no task
         of that name has published an address."""

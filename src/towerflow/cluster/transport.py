@@ -188,6 +188,12 @@ def direct_channel(to: str):
     return _serving(to).direct(to)
 
 
+def on_socket_thread() -> bool:
+    """Whether the calling thread is this process's messaging thread (which runs `deferred` functions and must
+    not wait on a reply)."""
+    return _endpoint is not None and _endpoint.is_socket_thread()
+
+
 def _serving(to: str):
     if _endpoint is None:
         raise ClusterError(f"cannot call {to}: this process serves no endpoint (start towerflow.Server first)", task=to)

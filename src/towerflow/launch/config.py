@@ -41,6 +41,7 @@ class LaunchConfig:
     replicas_to_aggregate: Optional[int] = None
     staleness: Optional[int] = None
     local_steps: Optional[int] = None
+    ps_replicas: Optional[int] = None
 
     def ps_mode_flag(self) -> Optional[str]:
         """The first update-mode flag given, as the user wrote it (for messages), or None."""

@@ -80,7 +80,20 @@ def pass_ps_mode(config: LaunchConfig, has_ps: bool) -> None:
     flag = config.ps_mode_flag()
     if flag is not None and not config.cluster_file and not has_ps:
         raise TowerflowError(f"{flag} chooses how parameter servers apply updates; add --ps N (N >= 1)")
-    export_ps_mode(config.mode, config.replicas_to_aggregate, config.staleness, config.local_steps)
+    check_ps_replicas(config, has_ps)
+    export_ps_mode(config.mode, config.replicas_to_aggregate, config.staleness, config.local_steps, config.ps_replicas)
+
+
+def check_ps_replicas(config: LaunchConfig, has_ps: bool) -> None:
+    """--ps-replicas N: 1, or 2 with at least two ps tasks (each ps task's part mirrored on the next)."""
+    n = config.ps_replicas
+    if n is None:
+        return
+    if not 1 <= n <= taskenv.MAX_PS_REPLICAS or (config.ps and n > config.ps) or (not config.cluster_file and not has_ps):
+        raise TowerflowError(
+            f"--ps-replicas {n} with --ps {config.ps}: expected 1 (each ps task's part on it alone) or "
+            f"{taskenv.MAX_PS_REPLICAS} (and a mirror on the next ps task), and no more than the ps tasks; use "
+            f"--ps-replicas 2 with --ps 2 or more")
 
 
 def _scheduled_slot(config: LaunchConfig):

@@ -25,6 +25,8 @@ FIELDS = (
     "staleness", "bytes_pushed", "bytes_pulled", "device_memory_mib", "event",
     # ps tasks: rates since their previous record, what they hold and dropped, table rows
     "pushes_per_sec", "pulls_per_sec", "updates_per_sec", "held", "dropped_stale", "rows",
+    # ps tasks with --ps-replicas 2: the backup's call name, ops not acknowledged yet, unreplicated, ops sent
+    "replica_backup", "replica_lag", "replica_degraded", "replica_ops",
     # every task: how it started and ended (runstate.py turns them into running / finished / failed)
     "restarts", "error", "exit_code", "accuracy",
 )

@@ -17,7 +17,7 @@ from towerflow.monitoring.metrics import read_metrics
 from towerflow.monitoring.runstate import LAUNCHER, RunState, run_state
 
 COLUMNS = ("task", "role", "state", "device", "step", "steps/s", "loss", "staleness", "pushed", "pulled",
-           "rows (+in -out)", "data (epoch: read)", "mem MiB", "age")
+           "rows (+in -out)", "replica", "data (epoch: read)", "mem MiB", "age")
 _LEFT = 4  # the first columns are text (left-aligned), the others numbers
 
 
@@ -26,6 +26,13 @@ def _rows(r: Dict[str, Any]) -> str:
     if "rows" not in r:
         return "-"
     return f"{r['rows']:,} (+{r.get('admitted', 0):,} -{r.get('evicted', 0):,})"
+
+
+def _replica(r: Dict[str, Any]) -> str:
+    """A ps task's backup and how many forwarded ops it has not acknowledged, or `degraded` (none: unreplicated)."""
+    if "replica_degraded" not in r:
+        return "-"
+    return "degraded" if r["replica_degraded"] else f"{r.get('replica_backup')} lag {r.get('replica_lag', 0)}"
 
 
 def _device(r: Dict[str, Any]) -> str:
@@ -103,6 +110,7 @@ def rows(records: List[Dict[str, Any]], now: Optional[float] = None, state: Opti
             _bytes(r.get("bytes_pushed")),
             _bytes(r.get("bytes_pulled")),
             _rows(r),
+            _replica(r),
             _data(r),
             str(r.get("device_memory_mib", "-")),
             f"{max(0.0, now - r['time']):.0f}s",

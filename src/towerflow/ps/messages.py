@@ -61,6 +61,10 @@ class Endpoints:
     load_state = Endpoint("load_state")
     values = Endpoint("values")
     table_values = Endpoint("table_values")
+    holds = Endpoint("holds")
+    replicate = Endpoint("replicate")  # ps to ps: an op for a mirror (replication_messages.py)
+    mirror_state = Endpoint("mirror_state")
+    attach_mirror_link = Endpoint("attach_mirror_link")  # ps to ps, same host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,15 +103,20 @@ class CreateShards:
     table_values: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # this task's shards, when sent
     row_optimizer: Optional[RowOptimizer] = None
     restored_for: Tuple[str, ...] = ()  # a restore after these restarted ps incarnations (their call names) came back
+    backup_task: Optional[int] = None  # --ps-replicas 2: the ps task that mirrors this one's part
+    snapshot: Optional[Any] = None  # a ServiceSnapshot from the mirror: restore a lost primary to it
 
 
 @dataclasses.dataclass(frozen=True)
 class RowRead:
-    """The rows a worker's batch looks up in the tables here: each table's unique local keys."""
+    """The rows a worker's batch looks up in the tables here: each table's unique local keys. `number` counts
+    the worker's reads (from 1; 0: not counted): a read sent again after a restore from a mirror that already
+    counted it is answered without counting its hash ids' sightings twice."""
 
     worker: int
     tables: Tuple[str, ...]
     keys: Tuple[torch.Tensor, ...]
+    number: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

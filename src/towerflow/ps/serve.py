@@ -18,7 +18,7 @@ import torch
 from towerflow.cluster.server import Server
 from towerflow.ps.server import endpoints
 from towerflow.ps.server.monitor import PSRecorder
-from towerflow.ps.server.service import warm_up
+from towerflow.ps.server.optimizers import warm_up
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

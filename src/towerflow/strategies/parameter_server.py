@@ -33,8 +33,9 @@ from towerflow.data.file_regroup import Resume
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.layout import Layout, Partition, plan_layout
 from towerflow.ps.messages import PolicySpec
+from towerflow.ps.replication_messages import check_ps_replicas
 from towerflow.ps.server.policies import make_policy
-from towerflow.ps.server.service import check_optimizer
+from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
 from towerflow.ps.worker.client import PSClient
@@ -66,6 +67,7 @@ class ParameterServerStrategy(Strategy):
         model_name: str = "model",
         partition_strategy: str = "mod",
         local_steps: Optional[int] = None,
+        ps_replicas: Optional[int] = None,
     ):
         self._owns_server = server is None and _server.current() is None
         self.server = server or _server.current() or _server.Server()
@@ -93,6 +95,8 @@ class ParameterServerStrategy(Strategy):
         replicas_to_aggregate = task.ps_replicas_to_aggregate if replicas_to_aggregate is None else replicas_to_aggregate
         staleness = task.ps_staleness if staleness is None else staleness
         local_steps = check_local_steps(task.ps_local_steps if local_steps is None else local_steps)
+        ps_replicas = check_ps_replicas((task.ps_replicas or 1) if ps_replicas is None else ps_replicas,
+                                        cluster.num_tasks("ps"))
         self._restarted_at = task.restarted_at
         if partition_strategy not in PARTITION_STRATEGIES:
             raise ParameterServerError(f"partition_strategy={partition_strategy!r}: expected one of {PARTITION_STRATEGIES} "
@@ -120,6 +124,7 @@ class ParameterServerStrategy(Strategy):
         super().__init__(torch_device, device_name, num_replicas=len(replicas), replica_id=replicas.index(here))
         self.client = PSClient(self.server, model_name, replicas.index(here), here == replicas[0], torch_device,
                                spec, prefetch, self.steps)
+        self.client.ps_replicas = self.ps_replicas = ps_replicas  # 2: each ps task's part mirrored on the next
         self.recovery = Recovery(self.client)
         self.mode = mode
         self._described = described

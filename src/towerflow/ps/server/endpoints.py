@@ -16,11 +16,17 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from towerflow.cluster import server as _server
 from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
-from towerflow.ps.messages import CreateShards, PushOutcome, PushPull, RowRead, Ticket
+from towerflow.ps.messages import CreateShards, Endpoints, PushOutcome, PushPull, RowRead, Ticket
+from towerflow.ps.replication_messages import MirrorState, ReplicaFrame
 from towerflow.ps.server import linked as _linked
+from towerflow.ps.server import mirror_link as _mirror_link
+from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.mirror import Mirror
+from towerflow.ps.server.replication import Replicator
 from towerflow.ps.server.policies import make_policy
 from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables.table_shards import TableShards
@@ -33,6 +39,7 @@ _opened: set = set()  # models the chief has initialized; workers start only the
 # its clock there before the chief put it back to the checkpoint.
 _restored: Dict[str, set] = collections.defaultdict(set)
 _restore_waits: Dict[tuple, List[torch.futures.Future]] = collections.defaultdict(list)
+_mirrors: Dict[tuple, Mirror] = {}  # (model, primary task) -> this task's mirror of that primary's part
 _registry_lock = threading.Lock()
 
 
@@ -55,7 +62,8 @@ def _get(model: str) -> ShardService:
 def create(model: str, request: CreateShards) -> int:
     """Hold the model's shards here, with the policy built here from the request's spec (a second
     create keeps what exists); load `request.state` when given, and with `open_now` let the
-    workers in. Returns the global step."""
+    workers in; with `request.snapshot` (a lost primary's mirror) put that back instead of `state`; with
+    `request.backup_task`, replicate to that ps task (seeding it now). Returns the global step."""
     with _registry_lock:
         if model not in _services:
             tables = (TableShards(request.task, request.tables, request.row_optimizer, request.table_values)
@@ -64,15 +72,93 @@ def create(model: str, request: CreateShards) -> int:
                                              request.optimizer_settings, make_policy(request.policy), request.policy.num_workers,
                                              tables)
         service = _services[model]
-    if request.state is not None:
+    if request.snapshot is not None:
+        step = _snapshot.install(service, request.snapshot)
+    elif request.state is not None:
         step = service.load_state_dict(request.state, request.finished)
     else:
         step = service.coordinator.global_step
+    if request.backup_task is not None:
+        _replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None)
     if request.open_now:
         open_model(model)
     for incarnation in request.restored_for:
         _mark_restored(model, incarnation, step)
     return step
+
+
+def _replicate(model: str, task: int, service: ShardService, backup_task: int, reseed: bool) -> None:
+    """Make `service` forward its calls to the mirror on ps task `backup_task` (seeded now, and again after
+    its state was replaced by a snapshot)."""
+    server = _server.current()
+    replica = service.replica
+    if not isinstance(replica, Replicator):
+        replica = Replicator(
+            model, task, server.rpc_name_of("ps", task), backup_task, service._lock,
+            lambda: _snapshot.take(service),
+            lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
+            _transport.is_peer_lost,
+            lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause),
+            direct=_direct_sender(server, model, task, backup_task, service))
+        service.replica = replica
+    elif not reseed:
+        return
+    replica.seed(server.rpc_name_of("ps", backup_task))
+
+
+def _direct_sender(server, model: str, task: int, backup_task: int, service: ShardService):
+    """What opens a thread's own connection to the backup `to` (a same-host link's thread: a shared-memory link
+    for its pushes, `mirror_link.py`, beside a direct channel), or None on the messaging thread, which must not
+    wait for an ack."""
+    same_host = _shm_link.same_host(server.cluster.task_address("ps", task), server.cluster.task_address("ps", backup_task))
+    use_link = same_host and server.context.ps_link != "rpc"
+
+    def open_for(to: str):
+        if _transport.on_socket_thread():
+            return None
+        channel = _transport.direct_channel(to)
+        other = lambda frame: channel.call(Endpoints.replicate, frame)  # noqa: E731
+        if not use_link:
+            return other
+        offer = lambda o: _transport.call_async(to, Endpoints.attach_mirror_link, args=(model, task, o)).wait()  # noqa: E731
+        return _mirror_link.open_sender(service.flats, offer, other, server.name) or other
+
+    return open_for
+
+
+def _mirror(model: str, primary: int) -> Mirror:
+    with _registry_lock:
+        mirror = _mirrors.get((model, primary))
+        if mirror is None:
+            mirror = _mirrors[(model, primary)] = Mirror(model, primary)
+    return mirror
+
+
+@_transport.deferred
+def replicate(frame: ReplicaFrame) -> torch.futures.Future:
+    """A primary's op for the mirror of its part held here (`mirror.py`): a future of the last op number it holds
+    in order (the primary's acknowledgement)."""
+    return _mirror(frame.model, frame.primary).receive(frame)
+
+
+def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer) -> bool:
+    """Take ps task `primary`'s pushes for its mirror here through its shared-memory link (`mirror_link.py`); False
+    when the link's files are not on this host."""
+    mirror = _mirror(model, primary)
+    return _shm_link.serve(offer, _mirror_link.handler(mirror.receive), name=f"towerflow-mirror-link-{model}-{primary}")
+
+
+def mirror_state(model: str, primary: int) -> MirrorState:
+    """This task's mirror of ps task `primary`'s part of the model, whole (the chief restores a lost primary from it)."""
+    with _registry_lock:
+        mirror = _mirrors.get((model, primary))
+    return mirror.state() if mirror is not None else MirrorState(None, None, 0)
+
+
+def holds(model: str) -> bool:
+    """Whether this ps task holds its part of the model (a restarted one does not, until it is restored)."""
+    with _registry_lock:
+        return model in _services
 
 
 def _mark_restored(model: str, incarnation: str, step: int) -> None:
@@ -154,10 +240,17 @@ def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:
     return _shm_link.serve(offer, _linked.handler(lambda: _get(model)), name=f"towerflow-link-{model}-{worker}")
 
 
-@_transport.quick
-def read_rows(model: str, request: RowRead) -> List[torch.Tensor]:
-    """The table rows a worker's batch looks up here, one tensor per table of the request."""
-    return _get(model).read_rows(request)
+@_transport.deferred
+def read_rows(model: str, request: RowRead) -> torch.futures.Future:
+    """A future of the table rows a worker's batch looks up here, one tensor per table of the request (a read
+    that admitted hash ids answers once the backup has the admission too)."""
+    service = _get(model)
+    rows = service.read_rows(request)
+    if service.tables.needs_lock(request.tables):
+        return service.replica.settled(rows)
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(rows)
+    return done
 
 
 @_transport.quick
@@ -179,8 +272,13 @@ def wait_finished(model: str) -> torch.futures.Future:
 
 
 def metrics(model: str) -> dict:
-    """This ps task's counters for the model."""
-    return _get(model).metrics()
+    """This ps task's counters for the model (with the mirrors of other tasks' parts it holds)."""
+    out = _get(model).metrics()
+    with _registry_lock:
+        mirrors = [m for (name, _), m in _mirrors.items() if name == model]
+    if mirrors:
+        out["mirrors"] = [m.metrics() for m in mirrors]
+    return out
 
 
 def state(model: str) -> dict:

@@ -37,6 +37,10 @@ def summary(metrics: dict) -> dict:
         for key in ("rows", "admitted", "evicted"):
             out[key] = sum(int(t.get(key, 0)) for t in tables.values())
         out["table_rows"] = {name: int(t.get("rows", 0)) for name, t in tables.items()}
+    replication = metrics.get("replication")
+    if replication:  # --ps-replicas 2: where this task's part is mirrored, and how far behind the acks are
+        out.update(replica_backup=replication["backup"], replica_lag=replication["lag"],
+                   replica_degraded=replication["degraded"], replica_ops=replication["ops_forwarded"])
     return out
 
 

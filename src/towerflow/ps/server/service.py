@@ -33,22 +33,11 @@ from towerflow.ps.layout import ShardSpec
 from towerflow.ps.server.coordinator import Coordinator, Go
 from towerflow.ps.messages import (PUSH_KINDS, EarlierWorkers, Pulled, PushOutcome, PushPull, PushPulled, Rejoined,
                                    RowPush, RowRead, Ticket)
+from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
+from towerflow.ps.replication_messages import FinishOp, LoadStateOp, PushOp, RejoinOp, RowsReadOp
+from towerflow.ps.server.replication import UNREPLICATED
 from towerflow.ps.tables.table_shards import TableShards
-
-# Elementwise optimizers: the update of each element depends only on that element's history.
-ELEMENTWISE_OPTIMIZERS = ("SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Adadelta", "RMSprop", "NAdam", "RAdam", "ASGD")
-
-
-def check_optimizer(cls: Type[torch.optim.Optimizer]) -> None:
-    """Refuse optimizers whose update of an element depends on other elements (LBFGS, Rprop-like norms)."""
-    name = getattr(cls, "__name__", repr(cls))
-    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or name not in ELEMENTWISE_OPTIMIZERS:
-        raise ParameterServerError(
-            f"optimizer {name!r} cannot run on parameter servers: the ps applies updates shard by shard, which is exact "
-            f"only for elementwise optimizers; use one of {', '.join(ELEMENTWISE_OPTIMIZERS)} from torch.optim"
-        )
-
 
 class ShardService:
     """One ps task's shards of one model: values, optimizer state, coordinator and counters."""
@@ -64,6 +53,7 @@ class ShardService:
         tables: Optional[TableShards] = None,
     ):
         check_optimizer(optimizer_cls)
+        self.optimizer_cls = optimizer_cls
         self.shards = tuple(shards)
         self.dtypes: Tuple[torch.dtype, ...] = tuple(values)
         self.flats: List[torch.Tensor] = [values[d].detach().clone().contiguous() for d in self.dtypes]
@@ -79,6 +69,7 @@ class ShardService:
         self.lr: Optional[float] = None  # the workers' lr schedule, for the tables' row optimizer
         self.coordinator = Coordinator(policy, num_workers)
         self._lock = threading.Lock()
+        self.replica = UNREPLICATED  # replication.py: each mutating call forwarded to the backup, replies after its ack
         self._sum: Optional[List[torch.Tensor]] = None  # sync: running sum of held gradients (reused)
         self._summed = 0
         self.push_kind: Optional[str] = None  # "grad" or "delta": fixed by the first push (every worker pushes alike)
@@ -87,6 +78,7 @@ class ShardService:
         self._finishing: Dict[int, Tuple[int, torch.futures.Future]] = {}  # finishes waiting for late pushes
         self._next_key = 0
         self.rejoins: Dict[int, int] = collections.Counter()  # restarted workers that came back, by worker
+        self.reads: Dict[int, int] = {}  # the last RowRead.number counted, by worker (hash tables)
         self.bytes_in: Dict[int, int] = collections.Counter()
         self.bytes_out: Dict[int, int] = collections.Counter()
         self.started = time.monotonic()
@@ -106,7 +98,7 @@ class ShardService:
                 self._waiting[key] = future
                 result = None
         if result is not None:
-            future.set_result(result)
+            self.replica.deliver([(future, result, worker)])
         return future
 
     def read_rows(self, request: RowRead) -> List[torch.Tensor]:
@@ -116,7 +108,11 @@ class ShardService:
                                        "that holds no tables; every task must build the same model")
         if self.tables.needs_lock(request.tables):
             with self._lock:
-                out = self.tables.read(request.tables, request.keys, self.coordinator.global_step)
+                again = 0 < request.number <= self.reads.get(request.worker, 0)  # counted before a restore
+                if not again:
+                    self.replica.forward(RowsReadOp(request))
+                    self.reads[request.worker] = request.number
+                out = self.tables.read(request.tables, request.keys, self.coordinator.global_step, count=not again)
         else:  # fixed tables are read as the dense values are: without waiting for an update (use_locking=False)
             out = self.tables.read(request.tables, request.keys, self.coordinator.global_step)
         self.bytes_in[request.worker] += sum(k.numel() * k.element_size() for k in request.keys)
@@ -145,6 +141,7 @@ class ShardService:
             self._check_kind(worker, kind, rows)
             self.bytes_in[worker] += sum(g.numel() * g.element_size() for g in grads) + (rows.nbytes if rows else 0)
             action = self.coordinator.push(worker, ticket)
+            self.replica.forward(PushOp(worker, ticket, grads, lr, rows, kind))
             if lr is not None and not isinstance(action, Drop):
                 self.lr = lr
                 for group in self.optimizer.param_groups if self.optimizer else ():
@@ -195,14 +192,15 @@ class ShardService:
         return future
 
     def _finish_locked(self, worker: int, future: torch.futures.Future) -> list:
+        self.replica.forward(FinishOp(worker))
         action = self.coordinator.finish(worker)
         if action is not None:
             self._apply(self._mean(len(action.workers)), action.lr_scale, len(action.workers))
         released = self._take_released()
         step = self.coordinator.global_step
-        released.append((future, step))
+        released.append((future, step, None))
         if not self.coordinator.active:
-            released += [(f, step) for f in self._all_done]
+            released += [(f, step, None) for f in self._all_done]
             self._all_done = []
         return released
 
@@ -299,20 +297,20 @@ class ShardService:
         for go in self.coordinator.released():
             future = self._waiting.pop(go.request.key, None)
             if future is not None:
-                out.append((future, self._reply(go)))
+                out.append((future, self._reply(go), go.request.worker))
         return out
 
-    @staticmethod
-    def _complete(released) -> None:
-        for future, result in released:  # outside the lock: completing sends the reply
-            future.set_result(result)
+    def _complete(self, released) -> None:
+        self.replica.deliver(released)  # outside the lock: completing sends the reply (once the backup has enough)
 
     def rejoin(self, worker: int, restarted: bool) -> Rejoined:
         """Where `worker` stands here after a loss; `restarted`: it is a new incarnation (counted, and
         told whether its earlier one had finished), else a ps was restored under it."""
         with self._lock:
             if restarted:
+                self.replica.forward(RejoinOp(worker))
                 self.rejoins[worker] += 1
+                self.reads.pop(worker, None)  # a new incarnation numbers its reads from 1
                 finished = self.coordinator.rejoin(worker)
             else:
                 finished = worker not in self.coordinator.active
@@ -347,6 +345,7 @@ class ShardService:
                 "model, number of ps tasks, placement and partition as when it was saved"
             )
         with self._lock:
+            self.replica.forward(LoadStateOp(state, tuple(finished)))
             for f, v in zip(self.flats, state["values"]):
                 f.copy_(v)
             if self.optimizer is not None:
@@ -381,17 +380,10 @@ class ShardService:
             pulls=self._next_key,  # pull requests so far (answered or waiting)
             shards=[s.name for s in self.shards],
         )
+        if self.replica.is_replicated:
+            out["replication"] = self.replica.metrics()
         if self.tables:
             with self._lock:
                 out["tables"] = self.tables.metrics()
         return out
 
-
-def warm_up() -> None:
-    """Build and drop a throwaway optimizer before serving.
-
-    A process's first torch.optim optimizer imports torch._dynamo, seconds on a small machine. A ps
-    task pays that while the workers build their models, not when the chief's first call creates the
-    shards here with every worker waiting on it.
-    """
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)])

@@ -76,12 +76,13 @@ class TableShards:
         """Whether reading these tables changes them (a hash table counts sightings and admits ids)."""
         return any(self.specs[t].is_hash for t in tables if t in self.specs)
 
-    def read(self, tables: Sequence[str], keys: Sequence[torch.Tensor], step: int) -> List[torch.Tensor]:
-        """The rows of each table's keys (a hash table counts the sighting and may admit the id)."""
+    def read(self, tables: Sequence[str], keys: Sequence[torch.Tensor], step: int, count: bool = True) -> List[torch.Tensor]:
+        """The rows of each table's keys (a hash table counts the sighting and may admit the id, unless `count` is
+        False: a read sent again)."""
         out = []
         for table, k in zip(tables, keys):
             store = self._store(table)
-            out.append(store.read(k, step) if self.specs[table].is_hash else store.read(k))
+            out.append(store.read(k, step, count) if self.specs[table].is_hash else store.read(k))
         return out
 
     def apply(self, tables: Sequence[str], keys: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],

@@ -161,13 +161,15 @@ class HashRows:
         self.admitted += new.numel()
 
     # ---- the hot path
-    def read(self, ids: torch.Tensor, step: int) -> torch.Tensor:
-        """The rows of `ids` (unique) at `step`, [len(ids), dim]: zeros for ids not admitted (yet)."""
+    def read(self, ids: torch.Tensor, step: int, count: bool = True) -> torch.Tensor:
+        """The rows of `ids` (unique) at `step`, [len(ids), dim]: zeros for ids not admitted (yet). `count=False`:
+        the read was counted already (sent again after a restore): no sighting counted, no id admitted."""
         ids = check_ids(ids, "HashRows.read")
         slots = self._slot_of.lookup(ids)
         self._clock = max(self._clock, step)
         if bool((slots < 0).any()):
-            self._admit(ids, slots, step)
+            if count:
+                self._admit(ids, slots, step)
             hit = (slots >= 0).nonzero().squeeze(1)
             if hit.numel() < ids.numel():
                 slots = slots.index_select(0, hit)

@@ -4,7 +4,8 @@ tests/ps/test_worker_channel.py checks the packing without processes."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import collections
+from typing import Deque, Dict, List, Optional
 
 import torch
 
@@ -35,6 +36,9 @@ class Channel:
         self.direct = None  # else this worker's own connection for its steps (cluster/direct.py), opened on the first
         self._views: List[tuple] = []  # (a reply slot's tensors, the parameters' views into them), per slot
         self.link_tried_for: Optional[str] = None  # the ps incarnation (RPC name) a link was last offered to
+        # (push buffer set, PushPull) of the last two steps sent here: a ps restored from its mirror may lack
+        # them (ps/server/replication.py), and their buffers are not reused before the step after
+        self.sent: Deque[tuple] = collections.deque(maxlen=2)
 
     def use_link(self, link) -> None:
         """Steps go over `link` from now on: its request slots become the push buffers (packing writes into them)."""

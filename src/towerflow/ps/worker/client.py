@@ -24,6 +24,7 @@ from towerflow.ps.worker import reshard as _reshard
 from towerflow.ps.worker.channel import Channel
 from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PolicySpec, Pulled, PushPull, PushPulled,
                                    Rejoined, RowPush, RowRead)
+from towerflow.ps.replication_messages import backup_for
 from towerflow.ps.tables import TableSpec
 
 
@@ -58,6 +59,7 @@ class PSClient:
         self.device = device
         self.policy = policy
         self.prefetch = prefetch
+        self.ps_replicas = 1  # copies of each ps task's part (2: a mirror on the next ps task, docs/fault-tolerance.md)
         self.layout: Optional[Layout] = None
         self.channels: List[Channel] = []
         self.pushes = 0  # this worker's clock: pushes sent (and, after a loss, kept by the ps)
@@ -71,6 +73,7 @@ class PSClient:
         self._table_values: Dict[str, torch.Tensor] = {}  # tables the chief built with values: sent once, at create
         self._row_optimizer = None
         self._last_read: tuple = ({}, {})  # (ids by table, their routing) of the last read_rows
+        self.reads = 0  # read_rows calls answered (RowRead.number)
         self.replan: Optional[Callable[[int], Layout]] = None  # the layout this model has on n ps tasks (resharding)
         self._bytes_pushed: Dict[int, int] = collections.Counter()
         self._bytes_pulled: Dict[int, int] = collections.Counter()
@@ -112,18 +115,18 @@ class PSClient:
         return rejoined
 
     def create(self, ch: Channel, state: Optional[dict] = None, finished: Sequence[int] = (), open_now: bool = False,
-               restored_for: Sequence[str] = ()):
-        """Ask `ch`'s ps task to hold its shards (with `state`, a checkpoint, when restoring); a future of the step."""
+               restored_for: Sequence[str] = (), snapshot: Any = None):
+        """Ask `ch`'s ps task to hold its shards, restoring `state` (a checkpoint) or `snapshot` (its mirror's): a future."""
         cls, settings = self._optimizer
         shard_values = {}
         for name, value in self._table_values.items():
             spec = self.tables[name]
             rows, _ = spec.route(torch.arange(spec.rows))
             shard_values[name] = value.detach().to("cpu")[rows == ch.task]
-        request = CreateShards(ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy,
-                               state, tuple(finished), open_now, ch.task, tuple(self.tables.values()), shard_values,
-                               self._row_optimizer, tuple(restored_for))
-        return self.call(ch, Endpoints.create, request)
+        return self.call(ch, Endpoints.create, CreateShards(
+            ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy, state, tuple(finished),
+            open_now, ch.task, tuple(self.tables.values()), shard_values, self._row_optimizer, tuple(restored_for),
+            backup_for(ch.task, self.layout.num_ps, self.ps_replicas), snapshot))
 
     def rejoin(self, restarted: bool, wait_open: bool = True, after_restore_of: Optional[str] = None) -> List[Rejoined]:
         """Learn this worker's place at every ps task after a loss (`after_restore_of`: once the chief restored
@@ -135,9 +138,8 @@ class PSClient:
         return rejoined
 
     def clock_at_ps(self) -> List[Rejoined]:
-        """Each ps task's count of this worker's pushes, asked without rejoining: a job restored from a checkpoint
-        keeps each worker's (and the old workers', restored onto another number of workers), which a fresh
-        worker's own clock does not know."""
+        """Each ps task's count of this worker's pushes, asked without rejoining (a checkpoint keeps each worker's,
+        and the old workers' when restored onto another number of workers; a fresh worker does not know them)."""
         return self.on_all(Endpoints.rejoin, self.worker, False, False, None)
 
     def follow_restarts(self) -> None:
@@ -183,6 +185,7 @@ class PSClient:
     def _push_pull_call(self, ch: Channel, slot: int, request: PushPull):
         """The step's call to one ps task: over its same-host link when it has one, else over this thread's
         direct channel to it (cluster/direct.py); what `wait` reads a `PushPulled` from."""
+        ch.sent.append((slot, request))  # sent again when the ps is lost and its mirror lacks it (recovery.py)
         with _lost_as_pslost(ch):
             if ch.link is not None and request.rows is None:
                 return linked.push_pull(ch.link, slot, request)
@@ -227,7 +230,7 @@ class PSClient:
         routed = self._by_task(ids_by_table)
         self._last_read = (ids_by_table, routed)  # the push of these rows' gradients routes them alike
         calls = [(ch, routed[ch.task], self.call(ch, Endpoints.read_rows, RowRead(
-            self.worker, tuple(n for n, _, _ in routed[ch.task]), tuple(k for _, _, k in routed[ch.task]))))
+            self.worker, tuple(n for n, _, _ in routed[ch.task]), tuple(k for _, _, k in routed[ch.task]), self.reads + 1)))
             for ch in self.channels if routed.get(ch.task)]
         out = {name: torch.empty(ids.numel(), self.tables[name].dim, dtype=self.tables[name].dtype)
                for name, ids in ids_by_table.items()}
@@ -236,6 +239,7 @@ class PSClient:
             for (name, mask, keys), r in zip(parts, rows):
                 out[name][mask] = r
                 self._bytes_pulled[ch.task] += keys.numel() * keys.element_size() + r.numel() * r.element_size()
+        self.reads += 1  # a read sent again (a lost ps) keeps its number
         if self.device.type != "cpu":
             out = {name: r.to(self.device, non_blocking=True) for name, r in out.items()}
         return out
@@ -358,8 +362,7 @@ class PSClient:
                 for v in self.layout.variables}
 
     def table_values(self) -> Dict[str, torch.Tensor]:
-        """Every fixed table, put together from its shards on the ps tasks (a test's or a small export's tool:
-        it brings the whole table here)."""
+        """Every fixed table, put together from its shards on the ps tasks (for tests and small exports)."""
         parts = dict(zip((ch.task for ch in self.channels), self.on_all(Endpoints.table_values)))
         out = {}
         for name, spec in self.tables.items():

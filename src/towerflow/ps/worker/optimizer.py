@@ -4,7 +4,8 @@ The user's optimizer never steps on the worker: its type and settings went to th
 which run it over their shards (with local steps, `local_steps.py`, it does step here, and
 every k-th step pushes the parameter delta instead). This wrapper keeps the optimizer's face (`zero_grad`,
 `param_groups`, `state_dict`) and sends each step through the client, under the recovery
-rules (a step in flight when a ps is lost is dropped, not retried).
+rules (a step in flight when a ps is lost is dropped, not retried; with `--ps-replicas 2` it is
+finished exactly, `recovery.py`).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class PSOptimizer:
                                                               retry=False))
             return
         rows = self.lookups.take_row_grads() if self.lookups is not None else None
-        self.recovery.guarded(lambda: self.client.push_pull(lr, rows), retry=False)  # a lost ps loses this gradient
+        self.recovery.guarded(lambda: self.client.push_pull(lr, rows), retry=False)  # lost with a ps, unless mirrored
 
     def __repr__(self) -> str:
         where = f"on this worker, {self.local.k} local steps per push" if self.local is not None else "on the ps"

@@ -1,9 +1,12 @@
 """Losing a ps task mid-training, and going on: the worker's side of docs/fault-tolerance.md.
 
 The launcher restarts a lost ps task empty. Every worker waits for it (`Server.wait_for_restart`);
-the chief then puts every ps task back to the newest checkpoint while the others wait for that,
-and all go on from it. A training step that was in flight is lost with the ps; any other wire
-operation is run again once the ps is back (`Recovery.guarded`).
+the chief then puts it back while the others wait for that, and all go on. With replicated shards
+(`--ps-replicas 2`) the chief restores only the lost task, from its mirror (`from_mirrors.py`), and
+a training step in flight is finished exactly: each ps task that does not count this worker's push
+gets it again, the others answer the pull the step would have made. Otherwise, or when a part's
+every replica is lost, every ps task goes back to the newest checkpoint and the step in flight is
+lost with the ps. Any other wire operation is run again once the ps is back (`Recovery.guarded`).
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from towerflow.errors import ParameterServerError
-
+from towerflow.ps.messages import Endpoints
+from towerflow.ps.worker import from_mirrors
 from towerflow.ps.worker.client import PSClient, PSLost
 
 
@@ -31,8 +35,9 @@ class Recovery:
         print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
 
     def guarded(self, op: Callable[[], Any], retry: bool = True) -> Any:
-        """Run a wire operation; when a ps is lost, recover and run it again (`retry`), or return None
-        (a training step: its gradient is lost with the ps)."""
+        """Run a wire operation; when a ps is lost, recover and run it again (`retry`), or return None (a
+        training step: its gradient is lost with the ps, unless the ps came back from its mirror, and then
+        `recover` has finished the step)."""
         while True:
             try:
                 return op()
@@ -42,13 +47,14 @@ class Recovery:
                     return None
 
     def recover(self, lost: PSLost) -> None:
-        """Wait for the launcher to restart the lost ps; the chief restores every ps task, all pull
+        """Wait for the launcher to restart the lost ps; the chief restores it (`restore_ps`), all pull
         the restored values and go on; the recovery is logged and kept in `recoveries`. Another ps task
         lost meanwhile (two at once, or one more during the restore) is waited for too, and the restore
         runs again with every lost task back."""
         client = self.client
         seen = time.monotonic()
         before = client.global_step
+        sent, clock = {ch.task: ch.pushes for ch in client.channels}, client.pushes  # before a rejoin resets them
         lost_tasks = {lost.task: lost}
         while True:
             for gone in lost_tasks.values():
@@ -61,7 +67,11 @@ class Recovery:
             try:
                 source = self.restore_ps() if client.is_chief else None
                 client.rejoin(restarted=False, after_restore_of=back_as[-1])
-                client.install(client.pull())
+                from_mirror = self.server.lookup(from_mirrors.outcome_key(client.model_name, back_as[-1])) == "mirror"
+                if from_mirror:
+                    self._send_again(sent, clock)
+                else:
+                    client.install(client.pull())
                 break
             except PSLost as again:
                 lost_tasks[again.task] = again
@@ -69,22 +79,80 @@ class Recovery:
         tasks = sorted(lost_tasks)
         record = {"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                   "resumed_at_step": client.global_step, "steps_lost": max(0, before - client.global_step),
-                  "seconds": round(took, 2)}
-        if source is not None:
+                  "seconds": round(took, 2), "from_mirrors": from_mirror}
+        if isinstance(source, str):
             record["checkpoint"] = source
         self.recoveries.append(record)
-        what = f"restored every ps task from {os.path.basename(source)}" if source else "the chief restored the ps tasks"
+        if from_mirror:
+            what, lost_what = "the chief restored it from its mirror", "nothing (the step in flight is sent again)"
+        else:
+            what = (f"restored every ps task from {os.path.basename(source)}" if isinstance(source, str)
+                    else "the chief restored the ps tasks")
+            lost_what = f"{record['steps_lost']} global steps since that checkpoint and the gradient in flight"
         for task in tasks:
             back_at = next((ch.to for ch in client.channels if ch.task == task), "?")
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
-                      f"lost: {record['steps_lost']} global steps since that checkpoint and the gradient in flight; "
-                      f"{took:.2f} s from seeing the loss to training again")
+                      f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
 
-    def restore_ps(self) -> str:
-        """Chief: put every ps task back to the newest checkpoint (a restarted one comes back empty); its path.
-        The restore counts for every ps incarnation now current: a worker waiting to rejoin after any of them
-        came back (`rejoin(after_restore_of=...)`) goes on, whichever losses the chief itself noticed."""
+    def _send_again(self, sent: Dict[int, int], clock: int) -> None:
+        """After a restore from mirrors, put this worker back where it was, as if nothing had happened. A ps task
+        restored from its mirror may lack this worker's last push or two (the reply to a push waits only for the
+        one before it to reach the backup: ps/server/replication.py), whichever call saw the loss; they are pushed
+        again, oldest first, each round waiting for its replies (a sync push must see its step's update before
+        the next), and the values of the last round are installed: for a ps task that lacked nothing, the pull
+        the last step made (sync: after that step's update). A training step the loss interrupted is so
+        finished; any other call runs again after this."""
         client = self.client
+        again = {}
+        for ch in client.channels:
+            missing = sent.get(ch.task, 0) - ch.pushes
+            if missing > len(ch.sent):
+                raise ParameterServerError(
+                    f"/job:ps/task:{ch.task} came back from its mirror {missing} pushes of {self.server.name} behind, "
+                    f"and this worker keeps its last {len(ch.sent)}: with --ps-replicas 2 train without prefetch")
+            again[ch.task] = list(ch.sent)[len(ch.sent) - missing:] if missing > 0 else []
+        kept = {ch.task: list(ch.sent) for ch in client.channels}  # sending again must not change what is kept
+        rounds = max((len(r) for r in again.values()), default=0)
+        for r in range(max(rounds, 1)):
+            calls = []
+            for ch in client.channels:
+                late = rounds - len(again[ch.task])  # a channel's pushes to send again end with the last round
+                todo = again[ch.task][r - late] if again[ch.task] and r >= late else None
+                if todo is not None:
+                    ch.pushes += 1
+                    calls.append(client._push_pull_call(ch, *todo))
+                elif r == max(rounds, 1) - 1:  # the last round: this task counts every push; the step's pull
+                    last = ch.sent[-1][1] if ch.sent else None
+                    calls.append(client.call(ch, Endpoints.pull, client.worker, last.clock if last else ch.pushes,
+                                             last.after_step if last else 0))
+                else:
+                    calls.append(None)
+            if r < max(rounds, 1) - 1:
+                for ch, call in zip(client.channels, calls):
+                    if call is not None:
+                        client.wait(ch, call)
+            else:
+                client.install(calls)
+        for ch in client.channels:
+            ch.sent.clear()
+            ch.sent.extend(kept[ch.task])
+        client.pushes = max(client.pushes, clock)
+
+    def restore_ps(self) -> Optional[str]:
+        """Chief: put the ps tasks back; the checkpoint's path, or None when the lost ones came back from their
+        mirrors (`--ps-replicas 2`, `from_mirrors.py`: the others keep their state). Otherwise every ps task goes
+        back to the newest checkpoint (a restarted one comes back empty; a part whose every replica was lost has
+        nothing newer). The restore counts for every ps incarnation now current: a worker waiting to rejoin after
+        any of them came back (`rejoin(after_restore_of=...)`) goes on, whichever losses the chief itself noticed."""
+        client = self.client
+        if client.ps_replicas > 1:
+            restored = from_mirrors.restore(client, self.server.publish)
+            if restored is not None:
+                for task, backup in sorted(restored.items()):
+                    self._say(f"restored /job:ps/task:{task} from its mirror on {backup}")
+                return None
+            self._say("a ps task lost every replica of its part (its backup was lost too, or restarted since it "
+                      "was last seeded): restoring every ps task from the newest checkpoint")
         restored_for = [ch.to for ch in client.channels]
         found = self.restore_source() if self.restore_source is not None else None
         if found is None:
@@ -96,6 +164,8 @@ class Recovery:
         step, path, state = found
         parts = (state or {}).get("ps") or {}
         finished = [w for w in range(client.policy.num_workers) if self.server.lookup(client.finished_key(w)) is not None]
+        for ch in client.channels:
+            self.server.publish(from_mirrors.outcome_key(client.model_name, ch.to), "checkpoint")
         calls = []
         for ch in client.channels:
             part = parts.get(ch.task, parts.get(str(ch.task)))

@@ -1,0 +1,98 @@
+"""What replicated ps shards cost: `--ps-replicas 1` against `2`, side by side in one run (docs/benchmarks.md).
+
+    PYTHONPATH=src python benchmarks/ps_replicas.py --launches 5
+
+Two jobs, each launched with `towerflow launch --ps 2 --workers 2 --ps-replicas R`, R = 1 and 2
+interleaved (1, 2, 1, 2, ...) so both see the same machine load:
+
+* `mlp`: benchmarks/_replicas_task.py, ps_step.py's small MLP (84,490 parameters, batch 32, SGD), one
+  torch thread per process (OMP_NUM_THREADS=1); total steps/s of both workers;
+* `ctr`: examples/ctr_ps.py, the DLRM with 26 sparse tables on the ps tasks (`--rows` per table, batch
+  1024 per worker, lazy Adam on the rows); total samples/s of both workers.
+
+Prints each launch's rate, the medians and the ratio, with the load average before and after, and
+writes the raw numbers to benchmarks/results/ps_replicas.json (atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+
+def _command(job: str, replicas: int, args) -> list:
+    launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--ps-replicas", str(replicas)]
+    if job == "mlp":
+        return launch + [os.path.join(HERE, "_replicas_task.py"), str(args.mlp_steps)]
+    return launch + [os.path.join(REPO, "examples", "ctr_ps.py"), "--rows", str(args.rows), "--steps",
+                     str(args.ctr_steps), "--test-size", "2000"]
+
+
+def _rate(job: str, output: str) -> float:
+    """Total steps/s (mlp) or samples/s (ctr) of both workers, from their lines."""
+    pattern = r"steps/s ([0-9.]+)" if job == "mlp" else r"steps in [0-9.]+s, ([0-9.]+) samples/s"
+    rates = [float(r) for r in re.findall(pattern, output)]
+    if len(rates) != 2:
+        raise RuntimeError(f"expected both workers' rates in the {job} job's output, found {rates}:\n{output[-4000:]}")
+    return sum(rates)
+
+
+def run(job: str, replicas: int, args) -> float:
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
+    if job == "mlp":
+        env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(_command(job, replicas, args), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=args.timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{job} --ps-replicas {replicas} exited {done.returncode}:\n{done.stdout[-4000:]}"
+                           f"{done.stderr[-4000:]}")
+    return _rate(job, done.stdout + done.stderr)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--launches", type=int, default=5, help="launches of each job and setting, interleaved")
+    p.add_argument("--jobs", default="mlp,ctr")
+    p.add_argument("--mlp-steps", type=int, default=2000)
+    p.add_argument("--ctr-steps", type=int, default=150)
+    p.add_argument("--rows", type=int, default=200_000, help="ctr: rows per table")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--out", default=os.path.join(RESULTS, "ps_replicas.json"))
+    args = p.parse_args(argv)
+    results = {"loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "python": sys.version.split()[0], "runs": {}}
+    for job in args.jobs.split(","):
+        rates = {1: [], 2: []}
+        for launch in range(args.launches):
+            for replicas in (1, 2) if launch % 2 == 0 else (2, 1):
+                rate = run(job, replicas, args)
+                rates[replicas].append(rate)
+                print(f"{job} --ps-replicas {replicas}: {rate:.1f} (load {os.getloadavg()[0]:.2f})", flush=True)
+        medians = {r: statistics.median(v) for r, v in rates.items()}
+        results["runs"][job] = {"rates": rates, "median": medians, "ratio": medians[2] / medians[1]}
+        print(f"{job}: median {medians[1]:.1f} with 1 replica, {medians[2]:.1f} with 2: "
+              f"{100 * (1 - medians[2] / medians[1]):.1f}% fewer", flush=True)
+    results["loadavg_after"] = os.getloadavg()
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, args.out)
+    return results
+
+
+if __name__ == "__main__":
+    main()

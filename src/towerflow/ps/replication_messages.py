@@ -1,0 +1,135 @@
+"""What crosses the wire between a primary ps task and its backup, and from a backup to the chief.
+
+A shard's primary forwards every call that changes its state, numbered, to the ps task that mirrors
+it (`server/replication.py`), which applies them in that order (`server/mirror.py`): a `ShardService`
+decides the same way given the same calls in the same order, so the mirror stays equal to the
+primary. Each call is a small frozen op; `ReplicaFrame` numbers one. `ServiceSnapshot` is a whole
+service's state (what seeds a mirror, and what the chief restores a lost primary from). Plain data
+only, like `messages.py`: both sides and the chief import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
+
+import torch
+
+from towerflow.errors import ParameterServerError
+from towerflow.ps.layout import ShardSpec
+from towerflow.ps.messages import RowPush, RowRead, Ticket
+from towerflow.taskenv import MAX_PS_REPLICAS
+
+
+def check_ps_replicas(replicas: object, num_ps: int) -> int:
+    """`ps_replicas` as given, when it is 1, or 2 with at least two ps tasks; else an error saying what to change."""
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= min(MAX_PS_REPLICAS, num_ps):
+        raise ParameterServerError(
+            f"ps_replicas={replicas!r} with {num_ps} ps task(s): expected 1 (each ps task's part on it alone) or "
+            f"{MAX_PS_REPLICAS} (and a mirror on the next ps task, which needs at least 2 ps tasks); launch with "
+            f"--ps-replicas 1 or 2 and --ps 2 or more"
+        )
+    return replicas
+
+
+def backup_of(task: int, num_ps: int) -> int:
+    """The ps task that mirrors `task`'s shards: the next one round the ring."""
+    return (task + 1) % num_ps
+
+
+def backup_for(task: int, num_ps: int, replicas: int) -> Optional[int]:
+    """The ps task that mirrors `task`'s shards with `replicas` copies of each; None with one copy."""
+    return backup_of(task, num_ps) if replicas > 1 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PushOp:
+    """A worker's push (`ShardService.push`'s arguments)."""
+
+    worker: int
+    ticket: Ticket
+    grads: Sequence[torch.Tensor]
+    lr: Optional[float]
+    rows: Optional[RowPush]
+    kind: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishOp:
+    """A worker finished (at the moment the primary counted it, its late pushes already in)."""
+
+    worker: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RejoinOp:
+    """A restarted worker came back (it may change what its next sync push counts as)."""
+
+    worker: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadStateOp:
+    """The chief put a checkpoint back."""
+
+    state: dict
+    finished: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsReadOp:
+    """A read of hash-table rows (it counts sightings and may admit ids)."""
+
+    request: RowRead
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceSnapshot:
+    """Everything a `ShardService` decides from: values, optimizer and table state, the coordinator with its
+    clocks and held pushes, the sync sum. A mirror seeded with it, then given the same ops, stays equal."""
+
+    shards: Tuple[ShardSpec, ...]
+    values: Dict[torch.dtype, torch.Tensor]
+    optimizer_cls: Type[torch.optim.Optimizer]
+    optimizer_settings: Dict[str, Any]
+    optimizer_state: Optional[dict]
+    tables: Any  # a TableShards, or None
+    coordinator: Any  # a Coordinator without waiting pulls
+    held_sum: Optional[Tuple[torch.Tensor, ...]]
+    summed: int
+    lr: Optional[float]
+    push_kind: Optional[str]
+    rejoins: Dict[int, int]
+    reads: Dict[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedOp:
+    """Replace the mirror with this snapshot; the ops numbered after it follow."""
+
+    snapshot: ServiceSnapshot
+
+
+ReplicaOp = Union[PushOp, FinishOp, RejoinOp, LoadStateOp, RowsReadOp, SeedOp]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaFrame:
+    """One op for the mirror of ps task `primary`'s part of `model`, number `seq` (1, 2, ...; a seed restarts
+    the count at its own number), sent by incarnation `sender` (its call name)."""
+
+    model: str
+    primary: int
+    sender: str
+    seq: int
+    op: ReplicaOp
+
+
+@dataclasses.dataclass(frozen=True)
+class MirrorState:
+    """What a backup holds of a primary's part of a model: the snapshot after its last op, who fed it, and
+    how many ops; `snapshot` None when it holds no mirror (it was restarted since, or never seeded)."""
+
+    snapshot: Optional[ServiceSnapshot]
+    fed_by: Optional[str]
+    seq: int

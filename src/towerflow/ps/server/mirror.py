@@ -1,0 +1,125 @@
+"""A backup ps task's side of replication: one mirror of a primary's part of a model, fed in order.
+
+The primary (`replication.py`) sends a seed (a `ServiceSnapshot`), then every state-changing call it
+makes, numbered, by remote calls or, on one host, through shared memory (`mirror_link.py`). The
+mirror is a `ShardService` of its own that nobody pulls from. It holds each frame until the ones
+before it have come (an early one waits; one already held, or from an incarnation that no longer
+feeds the mirror, is ignored), applies the ops strictly in their numbers' order, and answers each
+frame with the last number it holds in order: the primary's acknowledgement. The thread a frame
+arrives on applies what it made ready, unless another thread is applying already (then it leaves
+the ops to that one and answers at once): no thread of its own, so no wake-up per op.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Deque, Dict, Optional, Tuple
+
+import torch
+
+from towerflow.errors import ParameterServerError
+from towerflow.ps.replication_messages import (FinishOp, LoadStateOp, MirrorState, PushOp, RejoinOp, ReplicaFrame,
+                                               ReplicaOp, RowsReadOp, SeedOp)
+from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.service import ShardService
+
+class Mirror:
+    """The backup's copy of one primary's part of a model."""
+
+    def __init__(self, model: str, primary: int):
+        self.model, self.primary = model, primary
+        self.service: Optional[ShardService] = None
+        self.fed_by: Optional[str] = None  # the primary incarnation whose seed this mirror holds
+        self.seq = 0  # the number of the last op held in order (what the ack says)
+        self.applied = 0  # the number of the last op applied
+        self.error: Optional[BaseException] = None  # an op failed to apply: the mirror is no longer equal
+        self._early: Dict[int, ReplicaFrame] = {}  # frames that came before their predecessors
+        self._queue: Deque[Tuple[int, ReplicaOp]] = collections.deque()  # held in order, not applied yet
+        self._applying = False
+        self._lock = threading.Condition()
+
+    def receive(self, frame: ReplicaFrame) -> torch.futures.Future:
+        """Hold `frame`, apply what is ready (unless another thread does), and answer with a future of the last
+        number held in order."""
+        future: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if isinstance(frame.op, SeedOp):
+                self.fed_by, self.seq = frame.sender, frame.seq
+                self._early = {s: f for s, f in self._early.items() if f.sender == frame.sender and s > frame.seq}
+                self._queue.append((frame.seq, frame.op))
+            elif frame.sender == self.fed_by and frame.seq <= self.seq:
+                pass  # held already
+            elif self.fed_by is None or frame.sender == self.fed_by:
+                self._early[frame.seq] = frame
+            # else: a frame of an incarnation that no longer feeds this mirror (it was seeded anew since)
+            while self.fed_by is not None and self.seq + 1 in self._early:
+                self.seq += 1
+                self._queue.append((self.seq, self._early.pop(self.seq).op))
+            held = self.seq
+            applies = bool(self._queue) and not self._applying
+            self._applying = self._applying or applies
+        if applies:
+            self._apply_queued()
+        if self.error is not None:
+            future.set_exception(self.error)
+        else:
+            future.set_result(held)
+        return future
+
+    def _apply_queued(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._applying = False
+                    self._lock.notify_all()
+                    return
+                seq, op = self._queue.popleft()
+            try:
+                if isinstance(op, SeedOp):
+                    self.service, self.error = _snapshot.build(op.snapshot), None
+                elif self.error is None:
+                    apply(self.service, op)
+            except Exception as e:  # the primary learns it from the ack and goes on unreplicated
+                self.error = ParameterServerError(f"the mirror of /job:ps/task:{self.primary}'s part of {self.model!r} "
+                                                  f"could not apply op {seq} ({type(op).__name__}): {e}")
+            self.applied = seq
+
+    def wait_applied(self, timeout: float = 60.0) -> None:
+        """Block until every op held so far is applied (ParameterServerError after `timeout` s)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: not self._queue and not self._applying, timeout):
+                raise ParameterServerError(f"the mirror of /job:ps/task:{self.primary}'s part of {self.model!r} did not "
+                                           f"apply its {len(self._queue)} held ops within {timeout:g} s")
+
+    def state(self) -> MirrorState:
+        """The mirror's whole state once every held op is applied, with who fed it and how far (snapshot None:
+        never seeded, or an op failed to apply)."""
+        self.wait_applied()
+        with self._lock:
+            if self.service is None or self.error is not None:
+                return MirrorState(None, self.fed_by, self.seq)
+            with self.service._lock:
+                return MirrorState(_snapshot.take(self.service), self.fed_by, self.seq)
+
+    def metrics(self) -> dict:
+        with self._lock:
+            return {"primary": self.primary, "fed_by": self.fed_by, "held": self.seq, "applied": self.applied,
+                    "queued": len(self._queue), "early": len(self._early), "error": str(self.error or "") or None,
+                    "global_step": self.service.coordinator.global_step if self.service is not None else None}
+
+
+def apply(service: ShardService, op: ReplicaOp) -> None:
+    """What the primary did, done again here (the service's own checks passed there, so they pass here)."""
+    if isinstance(op, PushOp):
+        service.push(op.worker, op.ticket, op.grads, op.lr, op.rows, op.kind)
+    elif isinstance(op, FinishOp):
+        service.finish(op.worker)
+    elif isinstance(op, RejoinOp):
+        service.rejoin(op.worker, restarted=True)
+    elif isinstance(op, LoadStateOp):
+        service.load_state_dict(op.state, op.finished)
+    elif isinstance(op, RowsReadOp):
+        service.read_rows(op.request)
+    else:
+        raise ParameterServerError(f"internal: a mirror cannot apply {type(op).__name__}")

@@ -1,0 +1,296 @@
+"""A primary ps task's side of replication: forward each state-changing call to the backup, in order, and
+answer a worker only once nothing it was told can be lost with this task.
+
+A `ShardService` is a deterministic state machine over its mutating calls (push, finish, rejoin, a
+checkpoint load, a read of hash rows), taken one at a time under its lock; pulls only wait and read.
+So the primary numbers each call under that lock and sends it to its backup as a `ReplicaFrame`; the
+backup applies them in that order (`mirror.py`) and acknowledges the last number it holds in order.
+A lost primary is then restored from its mirror (`ps/worker/from_mirrors.py`).
+
+What must the backup hold before a worker hears back? Every op the reply shows that nobody else could
+send again. A worker keeps its last two pushes (`Channel.sent`) and, after a restore, pushes again the
+ones the mirror does not count (`ps/worker/recovery.py`); it lets go of a push only after the reply to
+its next one. So the reply to a worker's push or pull waits for the backup to hold that worker's
+previous push (and, the acks being cumulative, everything before it): by the time the worker drops a
+push, the backup has it. The ack of the push itself comes back while the worker computes its next
+gradient, so a step pays a round trip to the backup only when that is slower than the worker's step.
+Replies that nobody could send again (a finish, a load, a read that admitted hash ids) wait for every
+op sent so far.
+
+A lost backup does not stop training: the primary goes on unreplicated (a warning, `degraded` in its
+metrics), waits for the launcher to restart the backup task, and seeds the new incarnation with a
+snapshot of its whole state, after which forwarding resumes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from towerflow.ps.replication_messages import PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot
+
+# (a reply's future, its value, the worker it goes to: None for a reply nobody could send again)
+Released = List[Tuple[torch.futures.Future, object, Optional[int]]]
+
+
+def _complete(released: Released) -> None:
+    for future, value, _ in released:  # outside every lock: completing a future sends the reply
+        future.set_result(value)
+
+
+class Unreplicated:
+    """The replica log of a shard that has no backup (`--ps-replicas 1`): nothing forwarded, replies at once."""
+
+    is_replicated = False
+
+    def forward(self, op: ReplicaOp) -> None:
+        pass
+
+    def deliver(self, released: Released) -> None:
+        _complete(released)
+
+    def settled(self, value: object) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(value)
+        return future
+
+    def metrics(self) -> Optional[dict]:
+        return None
+
+
+UNREPLICATED = Unreplicated()
+
+
+class Replicator:
+    """Forwards one model's mutating calls on this ps task to the backup's mirror and holds replies until acked.
+
+    Injected, so that tests drive it with fakes: `lock` and `snapshot` are the service's (a snapshot is
+    taken under the lock), `call(to, frame)` sends a frame and returns a future of the backup's
+    acknowledged number, `is_lost(error)` says whether a failed call means the backup is gone, and
+    `wait_for_restart(task, lost_name, cause)` blocks until that task is back, returning its new name.
+    `direct(to)`, when given, opens the calling thread's own connection to `to` (a function of a frame
+    returning a call whose `result()` is the ack, read in that thread), or returns None in a thread that
+    must not wait (the messaging thread): a same-host link's thread then sends its ops and reads their acks
+    itself, without two hand-offs to the messaging thread per op (cluster/direct.py).
+    """
+
+    is_replicated = True
+
+    def __init__(self, model: str, task: int, sender: str, backup_task: int, lock: threading.Lock,
+                 snapshot: Callable[[], ServiceSnapshot], call: Callable[[str, ReplicaFrame], torch.futures.Future],
+                 is_lost: Callable[[BaseException], bool], wait_for_restart: Callable[[int, str, str], str],
+                 say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None):
+        self.model, self.task, self.sender, self.backup_task = model, task, sender, backup_task
+        self._service_lock = lock
+        self._snapshot = snapshot
+        self._call = call
+        self._is_lost = is_lost
+        self._wait_for_restart = wait_for_restart
+        self._say = say or (lambda text: print(f"towerflow: {sender}: {text}", file=sys.stderr, flush=True))
+        self.backup: Optional[str] = None  # the backup incarnation's call name while replicating, else None
+        self.seq = 0  # the number of the last op sent
+        self.acked = 0  # the highest number the current backup acknowledged
+        self._lock = threading.Lock()  # guards backup, acked and the held replies (acks come on another thread)
+        self._held: List[tuple] = []  # heap of (seq, tiebreak, released): replies waiting for that ack
+        self._tiebreak = itertools.count()
+        self.forwarded = 0
+        self.seeds = 0
+        self.backup_losses = 0
+        self.degraded_since: Optional[float] = time.monotonic()
+        self._watching = False
+        self._direct = direct
+        self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
+        self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
+
+    # ---- under the service's lock
+    def forward(self, op: ReplicaOp) -> None:
+        """Number `op` and send it to the backup (called under the service's lock, in the order applied)."""
+        if self.backup is None:
+            return
+        self.seq += 1
+        if isinstance(op, PushOp):
+            self._pushes[op.worker] = (self._pushes.get(op.worker, (0, 0))[1], self.seq)
+        frame = ReplicaFrame(self.model, self.task, self.sender, self.seq, op)
+        send = self._direct_to(self.backup)
+        if not send:
+            self._send(self.backup, frame)
+            return
+        self.forwarded += 1
+        try:
+            call = send(frame)
+        except Exception as error:
+            self._local.channels.pop(self.backup, None)
+            self._backup_failed(self.backup, error)
+            return
+        self._local.pending.append((self.backup, frame.seq, call))
+
+    def _direct_to(self, to: str):
+        """This thread's own connection to `to` when it has one (under the service's lock: opening one waits for
+        the backup, whose answer the messaging thread may be unable to take while it waits for this lock: it is
+        opened in `_open_direct`, off the lock, after the first op went the shared way)."""
+        if self._direct is None:
+            return None
+        local = self._local
+        if not hasattr(local, "channels"):
+            local.channels, local.pending, local.wants = {}, [], None
+        send = local.channels.get(to)
+        if send is None:
+            local.wants = to
+        return send
+
+    def _open_direct(self) -> None:
+        local = self._local
+        to = getattr(local, "wants", None)
+        if to is None:
+            return
+        local.wants = None
+        if to != self.backup:  # lost meanwhile
+            return
+        try:
+            send = self._direct(to)
+        except Exception as error:  # the backup went meanwhile: the next op's call says so
+            self._say(f"could not open a direct connection to the backup {to} ({error}); ops go by the messaging thread")
+            send = None
+        local.channels[to] = send or False  # False: this thread sends by the messaging thread
+
+    def _read_own_acks(self, upto: int) -> None:
+        """Read the acks of the ops this thread sent on its own connections (outside the service's lock): every
+        one but the last (they have most likely arrived; another thread's reply may wait for them), and the last
+        too when its number is at most `upto`."""
+        pending = getattr(self._local, "pending", None)
+        if not pending:
+            return
+        keep = [] if pending[-1][1] <= upto else pending[-1:]
+        self._local.pending = keep
+        for to, seq, call in pending[:len(pending) - len(keep)]:
+            try:
+                reached = int(call.result())
+            except Exception as error:
+                self._local.channels.pop(to, None)
+                self._backup_failed(to, error)
+                continue
+            self._acked(to, reached)
+
+    def _send(self, to: str, frame: ReplicaFrame) -> None:
+        self.forwarded += 1
+        future = self._call(to, frame)
+        future.add_done_callback(lambda f: self._answered(to, frame.seq, f))
+
+    # ---- replies to workers
+    def deliver(self, released: Released) -> None:
+        """Complete each reply once the backup holds what it needs (module docstring): the worker's previous push,
+        or every op so far for a reply to no worker; now, when it does or there is no backup to wait for."""
+        gates = [self._gate(worker) for _, _, worker in released]
+        self._read_own_acks(max(gates, default=0))
+        self._open_direct()
+        if not released:
+            return
+        now = []
+        with self._lock:
+            for entry, gate in zip(released, gates):
+                if self.backup is not None and self.acked < gate:
+                    heapq.heappush(self._held, (gate, next(self._tiebreak), [entry]))
+                else:
+                    now.append(entry)
+        _complete(now)
+
+    def _gate(self, worker: Optional[int]) -> int:
+        return self.seq if worker is None else self._pushes.get(worker, (0, 0))[0]
+
+    def settled(self, value: object) -> torch.futures.Future:
+        """A future of `value` that completes once the backup holds every op sent so far."""
+        future: torch.futures.Future = torch.futures.Future()
+        self.deliver([(future, value, None)])
+        return future
+
+    def _answered(self, to: str, seq: int, future: torch.futures.Future) -> None:
+        try:
+            reached = int(future.value())
+        except Exception as error:  # the backup is gone, or its mirror refused the op
+            self._backup_failed(to, error)
+            return
+        self._acked(to, reached)
+
+    def _acked(self, to: str, reached: int) -> None:
+        with self._lock:
+            if to != self.backup:
+                return
+            self.acked = max(self.acked, reached)  # everything up to `reached` is held there, in order
+            ready = []
+            while self._held and self._held[0][0] <= self.acked:
+                ready += heapq.heappop(self._held)[2]
+        _complete(ready)
+
+    # ---- the backup's loss and return
+    def _backup_failed(self, to: str, error: BaseException) -> None:
+        lost = self._is_lost(error)
+        with self._lock:
+            if to != self.backup:
+                return
+            self.backup = None
+            self.backup_losses += 1
+            self.degraded_since = time.monotonic()
+            ready = [r for _, _, released in self._held for r in released]
+            self._held = []
+        _complete(ready)
+        what = "was lost" if lost else f"refused an op ({type(error).__name__}: {error})"
+        self._say(f"the backup of /job:ps/task:{self.task}'s part of {self.model!r} ({to}) {what}; going on "
+                  "unreplicated" + ("; it is seeded again once it is back" if lost else ""))
+        if lost:
+            self.watch(to, str(error))
+
+    def watch(self, lost_name: str, cause: str) -> None:
+        """In a thread: wait for the backup task's next incarnation, then seed it (an error ends the watch)."""
+        if self._watching:
+            return
+        self._watching = True
+
+        def run() -> None:
+            try:
+                back = self._wait_for_restart(self.backup_task, lost_name, cause)
+                self.seed(back)
+            except Exception as e:
+                self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} is not back ({e}); "
+                          f"/job:ps/task:{self.task}'s part stays unreplicated")
+            finally:
+                self._watching = False
+
+        threading.Thread(target=run, name=f"towerflow-reseed-{self.model}", daemon=True).start()
+
+    def seed(self, to: str) -> None:
+        """Make `to` the backup: send it a snapshot of the whole state, then forward every later op."""
+        with self._service_lock:
+            snapshot = self._snapshot()
+            with self._lock:
+                self.backup = to  # replies held until now wait for this seed's ack: it holds all they show
+                self.seq += 1
+                self.seeds += 1
+                self.degraded_since = None
+                seq = self.seq
+            self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot)))
+
+    # ---- reporting
+    @property
+    def is_degraded(self) -> bool:
+        return self.backup is None
+
+    def metrics(self) -> dict:
+        """What `towerflow top` shows of replication: the backup, ops forwarded, how far its acks lag, degraded."""
+        with self._lock:
+            return {
+                "backup": self.backup,
+                "backup_task": self.backup_task,
+                "ops_forwarded": self.forwarded,
+                "lag": self.seq - self.acked if self.backup is not None else 0,
+                "replies_waiting": sum(len(r) for _, _, r in self._held),
+                "degraded": self.backup is None,
+                "degraded_s": round(time.monotonic() - self.degraded_since, 3) if self.degraded_since else 0.0,
+                "backup_losses": self.backup_losses,
+                "seeds": self.seeds,
+            }

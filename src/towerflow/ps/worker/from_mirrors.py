@@ -1,0 +1,66 @@
+"""The chief's restore of lost ps tasks from their mirrors (`--ps-replicas 2`), leaving the others as they are.
+
+A restarted ps task comes back empty. With replicated shards its part lives on in the mirror its backup
+holds (`ps/server/mirror.py`), equal to the lost primary up to the last op it forwarded, which covers
+every reply a worker got. So the chief asks each empty task's backup for its mirror and sends it to the
+task; the tasks that kept their state are not touched (no step goes back). When an empty task's
+backup holds no mirror fed by the lost incarnation (it was lost too, or restarted since), that part's
+every replica is gone, and the caller falls back to the newest checkpoint for every task.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+from towerflow.cluster import transport as _transport
+from towerflow.cluster.membership import rpc_name
+from towerflow.ps.messages import Endpoints
+from towerflow.ps.replication_messages import MirrorState, backup_of
+
+
+def outcome_key(model: str, incarnation: str) -> str:
+    """Where the chief says how it restored the ps tasks after `incarnation` came back: "mirror" or "checkpoint"
+    (a worker reads it once its rejoin, which waits for that restore, returns)."""
+    return f"ps/{model}/restored-after/{incarnation}"
+
+
+def restore(client, publish: Callable[[str, str], None]) -> Optional[Dict[int, str]]:
+    """Chief: put every empty ps task back from its mirror and let the workers go on; {task: the backup it was
+    restored from}, empty when no task was empty, or None (nothing sent) when some empty task has no mirror."""
+    server = client.server
+    holds = client.on_all(Endpoints.holds)
+    empty = [ch for ch, held in zip(client.channels, holds) if not held]
+    mirrors: Dict[int, MirrorState] = {}
+    sources: Dict[int, str] = {}
+    for ch in empty:
+        backup = backup_of(ch.task, client.layout.num_ps)
+        if backup in {c.task for c in empty}:
+            return None
+        state = _mirror_state(server, client.model_name, ch.task, backup)
+        lost = rpc_name("ps", ch.task, max(0, server.membership.incarnation_of("ps", ch.task) - 1))
+        if state is None or state.snapshot is None or state.fed_by != lost:
+            return None
+        mirrors[ch.task] = state
+        sources[ch.task] = f"/job:ps/task:{backup}"
+    restored_for: List[str] = [ch.to for ch in client.channels]
+    for name in restored_for:
+        publish(outcome_key(client.model_name, name), "mirror")
+    calls = [(ch, client.create(ch, open_now=True, restored_for=restored_for,
+                                snapshot=mirrors[ch.task].snapshot if ch.task in mirrors else None))
+             for ch in client.channels]
+    for ch, f in calls:
+        client.wait(ch, f)
+    client.opened = True
+    return sources
+
+
+def _mirror_state(server, model: str, primary: int, backup: int) -> Optional[MirrorState]:
+    """The backup's mirror of `primary`'s part, or None when the backup is gone too."""
+    future = _transport.call_async(server.rpc_name_of("ps", backup), Endpoints.mirror_state, args=(model, primary))
+    try:
+        server.wait_watching(future, serving=("ps",))
+        return future.wait()
+    except RuntimeError as e:
+        if _transport.is_peer_lost(e):
+            return None
+        raise

@@ -1,0 +1,125 @@
+"""A deterministic ps job whose chief kills ps tasks: python _replica_train.py DIR STEPS MODEL KILLS
+
+Run under `towerflow launch --ps P --workers W --ps-replicas 2 --max-restarts N` (the mode from the
+launcher). Every worker takes exactly STEPS steps on batches drawn from its own seeded generator, so
+two runs push the same gradients in the same order (one worker async, or sync, which applies the
+mean) and must end with the same ps values. MODEL: `dense` (a small MLP, Adam), `sparse` (an
+EmbeddingBag whose rows live on the ps tasks, and a linear head) or `hash` (a HashEmbedding admitting
+an id on its second sighting, and a linear head). The chief checkpoints every 20
+global steps (MonitoredTrainingSession) and, for each `STEP:TASK[+TASK...]` of KILLS (comma-separated,
+or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms later from a thread
+(so the kill lands anywhere in the next steps: between calls, or with a push in flight). The chief
+writes the final values, the ps tasks' whole state (`optimizer.state_dict()`: values, optimizer and table
+state, clocks), the global step and its recoveries to DIR/final.pt.
+"""
+
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import torch
+from torch import nn
+
+import towerflow
+
+folder, steps, model_kind, kills = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+
+def ps_pid(task: int) -> int:
+    """The live process of this launch's ps task `task` (same store address: the same launch)."""
+    store = os.environ["TOWERFLOW_STORE"]
+    want = {b"TOWERFLOW_JOB_NAME=ps", f"TOWERFLOW_TASK_INDEX={task}".encode(), f"TOWERFLOW_STORE={store}".encode()}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if want <= env:
+            return int(pid)
+    raise RuntimeError(f"no live process of /job:ps/task:{task}")
+
+
+def kill_soon(tasks) -> None:
+    pids = [ps_pid(t) for t in tasks]
+
+    def run() -> None:
+        time.sleep(random.uniform(0, 0.005))
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        print(f"_replica_train: killed ps tasks {tasks} (pids {pids})", flush=True)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+class Sparse(nn.Module):
+    def __init__(self, device):
+        super().__init__()
+        self.table = nn.EmbeddingBag(64, 4, mode="sum", sparse=True, device=device)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, ids):
+        return self.head(self.table(ids))
+
+
+class Hashed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ids = towerflow.ps.HashEmbedding(4, mode="sum", admit_after=2)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, ids):
+        return self.head(self.ids(ids))
+
+
+strategy = towerflow.strategy_from_env()
+torch.manual_seed(0)
+if model_kind == "dense":
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+elif model_kind == "sparse":
+    model = Sparse(strategy.table_device)
+    model.table.init_std = 0.1
+else:
+    model = Hashed()
+model, optimizer = strategy.setup(model, torch.optim.Adam(model.parameters(), lr=0.01))
+data = torch.Generator().manual_seed(100 + strategy.replica_id)
+plan = {}
+for item in ([] if kills == "none" else kills.split(",")):
+    at, tasks = item.split(":")
+    plan[int(at)] = [int(t) for t in tasks.split("+")]
+
+
+def step(i: int) -> float:
+    if model_kind == "dense":
+        x = torch.randn(8, 8, generator=data)
+        y = x.sum(1, keepdim=True).sin()
+    else:
+        x = torch.randint(0, 64, (8, 3), generator=data)
+        y = (x % 7).float().mean(1, keepdim=True)
+        x = x * 10**9 + 7 if model_kind == "hash" else x  # hash ids far outside any fixed range
+    optimizer.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, logdir=os.path.join(folder, "ckpt"),
+                                        save_checkpoint_steps=20, log_step_count_steps=0, progress=False) as session:
+    for i in range(1, steps + 1):
+        session.run(step, i)
+        if strategy.is_chief and i in plan:
+            kill_soon(plan[i])
+if strategy.is_chief:
+    final = strategy.wait_for_workers()
+    out = {"global_step": final, "variables": strategy.variables(), "tables": strategy.table_values(),
+           "ps_state": optimizer.state_dict(), "recoveries": strategy.recoveries}
+    torch.save(out, os.path.join(folder, "final.pt.tmp"))
+    os.replace(os.path.join(folder, "final.pt.tmp"), os.path.join(folder, "final.pt"))
+    print(f"_replica_train: global step {final}; recoveries {strategy.recoveries}", flush=True)
+strategy.shutdown()

@@ -1,0 +1,291 @@
+"""Replicated ps shards without a cluster: a primary `ShardService` forwarding to a `Mirror` through a fake
+connection the test drives (frames pickled as the wire would, acknowledged when the test says)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+import torch
+
+from towerflow.ps.layout import plan_layout
+from towerflow.errors import ParameterServerError
+from towerflow.ps.messages import PushPull, RowPush, RowRead, Ticket
+from towerflow.ps.replication_messages import check_ps_replicas
+from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.mirror import Mirror
+from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
+from towerflow.ps.server.replication import Replicator
+from towerflow.ps.server.service import ShardService
+from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_optimizers import SparseAdam
+from towerflow.ps.tables.table_shards import TableShards
+
+
+class Lost(RuntimeError):
+    """What the fake connection fails a frame with when the backup is gone."""
+
+
+class FakeLink:
+    """The one ordered connection from a primary to its backups: frames queue until `flush` delivers them."""
+
+    def __init__(self):
+        self.mirrors = {}  # backup name -> Mirror
+        self.queue = []  # (to, frame, future)
+        self.restarted = {}  # backup task -> the name its next incarnation has
+
+    def call(self, to, frame):
+        future = torch.futures.Future()
+        self.queue.append((to, pickle.loads(pickle.dumps(frame)), future))
+        return future
+
+    def flush(self, order=None):
+        """Deliver the queued frames, in `order` (indices into the queue; the others stay queued)."""
+        queue = self.queue
+        order = range(len(queue)) if order is None else order
+        self.queue = [f for i, f in enumerate(queue) if i not in set(order)]
+        for i in order:
+            to, frame, future = queue[i]
+            mirror = self.mirrors.get(to)
+            if mirror is None:
+                future.set_exception(Lost(f"{to} is gone"))
+            else:
+                mirror.receive(frame).add_done_callback(lambda ack, f=future: f.set_result(ack.value()))
+
+    def wait_for_restart(self, task, lost, cause):
+        return self.restarted[task]
+
+
+def _service(policy, num_workers=1, tables=None, values=None):
+    values = values or {"w": torch.arange(6.0).reshape(2, 3), "b": torch.zeros(3)}
+    layout = plan_layout(values, 1)
+    return ShardService(layout.on_task(0), layout.pack(0, values), torch.optim.Adam, {"lr": 0.1}, policy,
+                        num_workers, tables)
+
+
+def _replicated(service, link, backup="ps:1"):
+    said = []
+    replica = Replicator("model", 0, "ps:0", 1, service._lock, lambda: _snapshot.take(service), link.call,
+                         lambda e: isinstance(e, Lost), link.wait_for_restart, said.append)
+    service.replica = replica
+    link.mirrors[backup] = Mirror("model", 0)
+    replica.seed(backup)
+    link.flush()
+    return replica, said
+
+
+def _equal(x, y) -> bool:
+    """Structural equality, tensors compared by value (pickles of equal tensors may differ)."""
+    if isinstance(x, torch.Tensor):
+        return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return type(x) is type(y) and len(x) == len(y) and all(_equal(a, b) for a, b in zip(x, y))
+    return x == y
+
+
+def _same(a: ShardService, b) -> None:
+    """`a` equals `b`, a service or a mirror (once it has applied what it holds)."""
+    if isinstance(b, Mirror):
+        b.wait_applied()
+        b = b.service
+    sa, sb = _snapshot.take(a), _snapshot.take(b)
+    for d in sa.values:
+        assert torch.equal(sa.values[d], sb.values[d])
+    assert _equal(sa.optimizer_state, sb.optimizer_state)
+    ca, cb = sa.coordinator, sb.coordinator
+    assert (ca.global_step, ca.clocks, ca.active, ca.held, dict(ca.pushes_by_worker), ca.applied_updates) == \
+           (cb.global_step, cb.clocks, cb.active, cb.held, dict(cb.pushes_by_worker), cb.applied_updates)
+    assert (sa.summed, sa.lr, sa.push_kind) == (sb.summed, sb.lr, sb.push_kind)
+    if sa.tables is not None:
+        assert _equal(sa.tables.state_dict(), sb.tables.state_dict())
+
+
+def _grads(service, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(f.shape, generator=g) for f in service.flats]
+
+
+def test_a_reply_waits_until_the_backup_holds_the_workers_previous_push():
+    """The worker keeps its last two pushes, so its reply waits only for the one before; a finish, which nobody
+    could send again, waits for everything."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy(), num_workers=2)
+    _replicated(primary, link)
+    first = primary.push_pull(PushPull(0, Ticket(0), _grads(primary, 0), 0.1, 1))
+    assert first.done()  # no earlier push to wait for
+    second = primary.push_pull(PushPull(0, first.value().pulled.ticket, _grads(primary, 1), 0.05, 2))
+    assert not second.done()  # the first push is not at the backup yet
+    link.flush(order=[0])  # the backup acknowledges the first push only
+    assert second.done()
+    other = primary.push_pull(PushPull(1, Ticket(0), _grads(primary, 2), None, 1))
+    finished = primary.finish(1)
+    assert other.done() and not finished.done()  # worker 1's first push; a finish waits for every op
+    link.flush()
+    assert finished.done()
+    _same(primary, link.mirrors["ps:1"])
+    m = primary.replica.metrics()
+    assert (m["ops_forwarded"], m["lag"], m["degraded"], m["seeds"]) == (5, 0, False, 1)
+
+
+def test_sync_held_gradients_finish_and_rejoin_replicate_in_order():
+    """Two workers in sync: a held gradient, a restarted worker's rejoin, a finish: the mirror decides alike,
+    even when the frames arrive out of order."""
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), num_workers=2)
+    _replicated(primary, link)
+    t = Ticket(0)
+    primary.push(0, t, _grads(primary, 1), 0.1)
+    primary.rejoin(0, restarted=True)
+    primary.push(1, t, _grads(primary, 2), 0.1)
+    primary.push(0, Ticket(1), _grads(primary, 3), 0.1)  # held: worker 1 has not pushed step 1
+    link.flush(order=[3, 1, 0, 2])
+    _same(primary, link.mirrors["ps:1"])
+    assert link.mirrors["ps:1"].service.coordinator.held == [0]
+    primary.finish(1)  # the held gradient is now a full set and is applied
+    link.flush()
+    _same(primary, link.mirrors["ps:1"])
+    assert primary.coordinator.global_step == 2
+
+
+def test_ssp_and_local_step_deltas_replicate():
+    link = FakeLink()
+    primary = _service(SSPPolicy(1), num_workers=2)
+    _replicated(primary, link)
+    for step in range(3):
+        for w in (0, 1):
+            primary.push(w, Ticket(primary.coordinator.global_step, gap=w), _grads(primary, 10 * step + w), None,
+                         kind="delta")
+    link.flush()
+    _same(primary, link.mirrors["ps:1"])
+
+
+def test_hash_tables_admissions_and_held_rows_replicate():
+    """A hash table's sightings (a read admits ids) and a sync step's held rows reach the mirror."""
+    spec = TableSpec("h", None, 2, torch.float32, 1, "hash", init_std=0.1, seed=3, admit_after=2)
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), 2, TableShards(0, [spec], SparseAdam(lr=0.1)))
+    _replicated(primary, link)
+    keys = (torch.tensor([5, 7, 11]),)
+    for step in range(3):
+        for w in (0, 1):
+            primary.read_rows(RowRead(w, ("h",), keys))
+            rows = RowPush(("h",), keys, (torch.full((3, 2), float(step + w)),))
+            primary.push(w, Ticket(step), _grads(primary, step), 0.1, rows)
+        link.flush()
+    link.mirrors["ps:1"].wait_applied()
+    mirror = link.mirrors["ps:1"].service
+    _same(primary, mirror)
+    # and the mirror goes on as the primary does: a fresh read admits the same new id with the same random row
+    for number in (1, 2):
+        new = RowRead(0, ("h",), (torch.tensor([99]),), number)
+        assert torch.equal(primary.read_rows(new)[0], mirror.read_rows(new)[0])
+    assert bool(primary.read_rows(new)[0].any())  # admitted on its second sighting
+    sent_again = RowRead(0, ("h",), (torch.tensor([123]),), 2)  # number 2 was counted: no sighting now
+    primary.read_rows(sent_again)
+    primary.read_rows(RowRead(0, ("h",), (torch.tensor([123]),), 3))
+    assert not bool(primary.read_rows(RowRead(0, ("h",), (torch.tensor([123]),), 3))[0].any())  # seen once only
+
+
+def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, said = _replicated(primary, link)
+    del link.mirrors["ps:1"]  # the backup dies
+    ticket = primary.pull(0).wait().ticket
+    reply = primary.push_pull(PushPull(0, ticket, _grads(primary, 1), None, 1))
+    link.restarted[1] = "ps:1:r1"
+    link.mirrors["ps:1:r1"] = Mirror("model", 0)
+    link.flush()  # the frame fails: the reply goes at once, and the watcher seeds the new incarnation
+    assert reply.done() and "going on unreplicated" in said[0]
+    for _ in range(100):  # the watcher thread seeds, then the seed is delivered
+        if replica.backup == "ps:1:r1":
+            break
+
+        time.sleep(0.01)
+    assert replica.backup == "ps:1:r1" and replica.backup_losses == 1
+    link.flush()
+    reply = primary.push_pull(PushPull(0, reply.wait().pulled.ticket, _grads(primary, 2), None, 2))
+    link.flush()
+    assert reply.done()
+    _same(primary, link.mirrors["ps:1:r1"])
+
+
+@pytest.mark.parametrize("lost_before_ack", [False, True])
+def test_a_primary_restored_from_its_mirror_continues_exactly_as_the_unkilled_one(lost_before_ack):
+    """The primary dies with one push forwarded (acked or not): a fresh service restored from the mirror, then
+    given the pushes the mirror does not count, ends equal to a primary that never died."""
+    reference = _service(SyncPolicy(2, 2), 2)
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), 2)
+    _replicated(primary, link)
+    pushes = [(w, Ticket(s), _grads(primary, 10 * s + w)) for s in range(3) for w in (0, 1)]
+    for w, t, g in pushes[:3]:
+        reference.push(w, t, g, 0.1)
+        primary.push(w, t, g, 0.1)
+    if lost_before_ack:
+        link.queue.pop()  # the last push never reached the backup
+    link.flush()
+    restored = _service(SyncPolicy(2, 2), 2)
+    _snapshot.install(restored, link.mirrors["ps:1"].state().snapshot)
+    counted = restored.coordinator.pushes_by_worker[pushes[2][0]]
+    assert counted == (1 if lost_before_ack else 2)
+    for w, t, g in pushes[2 if lost_before_ack else 3:]:  # the worker pushes again what was not counted
+        restored.push(w, t, g, 0.1)
+    for w, t, g in pushes[3:]:
+        reference.push(w, t, g, 0.1)
+    _same(reference, restored)
+
+
+def test_a_thread_that_may_wait_sends_on_its_own_connection_and_reads_the_acks_itself():
+    """A same-host link's thread: the first op goes by the messaging thread (opening a connection waits for the
+    backup, never under the service's lock), later ones on the thread's own connection, whose acks it reads when
+    it next delivers, all but the last one: the reply to a push waits only for the worker's previous push."""
+    link = FakeLink()
+    opened = []
+
+    class Call:
+        def __init__(self, frame):
+            self.frame, self.value = frame, None
+
+        def result(self):
+            if self.value is None:
+                self.value = link.mirrors["ps:1"].receive(pickle.loads(pickle.dumps(self.frame))).wait()
+            return self.value
+
+    def direct(to):
+        opened.append(to)
+        calls = []
+        return lambda frame: calls.append(Call(frame)) or calls[-1]
+
+    primary = _service(AsyncPolicy())
+    replica = Replicator("model", 0, "ps:0", 1, primary._lock, lambda: _snapshot.take(primary), link.call,
+                         lambda e: isinstance(e, Lost), link.wait_for_restart, lambda text: None, direct=direct)
+    primary.replica = replica
+    link.mirrors["ps:1"] = Mirror("model", 0)
+    replica.seed("ps:1")
+    link.flush()
+    ticket = Ticket(0)
+    for step in range(4):
+        reply = primary.push_pull(PushPull(0, ticket, _grads(primary, step), 0.1, step + 1))
+        if step == 0:
+            assert len(link.queue) == 1 and opened == ["ps:1"]  # by the messaging thread; the connection opened after
+            link.flush()
+        assert reply.done()  # the previous push was acknowledged: read on this thread's connection
+        ticket = reply.value().pulled.ticket
+    assert not link.queue and replica.acked == replica.seq - 1  # the last push's ack is still unread
+    assert primary.finish(0).done()  # a finish waits for every op: this thread reads every ack, its own included
+    link.flush()
+    _same(primary, link.mirrors["ps:1"])
+
+
+@pytest.mark.parametrize("replicas, num_ps, ok", [(1, 1, True), (2, 2, True), (2, 5, True), (2, 1, False),
+                                                   (3, 4, False), (0, 2, False), (True, 2, False)])
+def test_ps_replicas_are_one_or_two_with_enough_ps_tasks(replicas, num_ps, ok):
+    if ok:
+        assert check_ps_replicas(replicas, num_ps) == replicas
+    else:
+        with pytest.raises(ParameterServerError, match=rf"ps_replicas={replicas!r} with {num_ps} ps task"):
+            check_ps_replicas(replicas, num_ps)
