@@ -50,8 +50,7 @@ class PeerGone(RuntimeError):
         return (type(self), (str(self), self.task))
 
 
-deferred = wire.deferred
-quick = wire.quick
+deferred, quick = wire.deferred, wire.quick
 
 
 def peer_failure(event: int, is_up: bool, me: str, to: str, address: str) -> Optional[BaseException]:
