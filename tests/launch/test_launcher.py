@@ -22,7 +22,9 @@ ROOT = Path(__file__).parent.parent.parent
 
 
 def pids(folder: Path):
-    return {p.stem: int(p.read_text()) for p in folder.glob("*.pid")}
+    """The tasks' pids as far as written (a task may be in the middle of writing its file)."""
+    found = {p.stem: p.read_text().strip() for p in folder.glob("*.pid")}
+    return {task: int(pid) for task, pid in found.items() if pid}
 
 
 def test_each_task_gets_its_role_and_the_environment_contract(launcher, tmp_path):
