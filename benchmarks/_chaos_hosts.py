@@ -21,7 +21,7 @@ sys.path[:0] = [str(_TESTS / "multihost"), str(_TESTS / "cluster")]
 from _etcd import member_argv  # noqa: E402
 from netns import Hosts  # noqa: E402
 
-from chaos import Output  # noqa: E402
+from chaos import Output, kill_pid  # noqa: E402
 
 _PLACES = (("ps", 0), ("worker", 0), ("worker", 1))  # host i runs _PLACES[i]
 
@@ -87,13 +87,7 @@ class NamespaceHosts:
 
     def kill_task(self, task: str) -> bool:
         pid = self.output.pids().get(task)
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 9)
-            return True
-        except ProcessLookupError:
-            return False
+        return pid is not None and kill_pid(pid)
 
     def kill_host(self, task: str) -> bool:
         """Every process of the task's host dies (its launcher too); then its launcher starts again."""

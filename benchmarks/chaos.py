@@ -110,7 +110,7 @@ class OneHost:
 
     def kill_task(self, task: str) -> bool:
         pid = self.output.pids().get(task)
-        return pid is not None and _kill(pid)
+        return pid is not None and kill_pid(pid)
 
     def exit_code(self, timeout: float) -> int:
         return self.proc.wait(timeout)
@@ -119,7 +119,8 @@ class OneHost:
         _killpg(self.proc.pid)
 
 
-def _kill(pid: int) -> bool:
+def kill_pid(pid: int) -> bool:
+    """SIGKILL `pid`; False when it had already gone."""
     try:
         os.kill(pid, signal.SIGKILL)
         return True

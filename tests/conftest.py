@@ -113,3 +113,15 @@ def _group_the_host_tests(items) -> None:
     for item in items:
         if Path(str(item.fspath)).parent.name in _HOSTS_GROUP_DIRS:
             item.add_marker(pytest.mark.xdist_group("hosts"))
+
+
+@pytest.fixture
+def launch_script(tmp_path, monkeypatch):
+    """A trivial training script to plan a launch of, with every scheduler's variables cleared, so the plan is the
+    embedded cluster's (or the one the test sets up)."""
+    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "WORLD_SIZE",
+                 "TF_CONFIG", "TOWERFLOW_SCHEDULER", "PET_NNODES", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return str(path)

@@ -44,18 +44,8 @@ def test_the_task_environment_refuses_a_bad_store_naming_the_variable():
     assert taskenv.read({"TOWERFLOW_STORE": "127.0.0.1:4000"}).store == "127.0.0.1:4000"  # the launcher's own
 
 
-@pytest.fixture
-def script(tmp_path, monkeypatch):
-    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "WORLD_SIZE",
-                 "TF_CONFIG", "TOWERFLOW_SCHEDULER", "PET_NNODES", "KUBERNETES_SERVICE_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    path = tmp_path / "train.py"
-    path.write_text("print('hi')\n")
-    return str(path)
-
-
-def test_a_launch_with_store_hands_it_to_every_task_and_hosts_no_store(script):
-    plan = plan_launch(LaunchConfig(script=script, ps=1, workers=2, store="etcd://h1,h2:2381/run"))
+def test_a_launch_with_store_hands_it_to_every_task_and_hosts_no_store(launch_script):
+    plan = plan_launch(LaunchConfig(script=launch_script, ps=1, workers=2, store="etcd://h1,h2:2381/run"))
     try:
         assert plan.store_address is None  # nothing for the launcher to host
         assert {t.env["TOWERFLOW_STORE"] for t in plan.tasks} == {"etcd://h1:2379,h2:2381/run"}
@@ -63,6 +53,6 @@ def test_a_launch_with_store_hands_it_to_every_task_and_hosts_no_store(script):
         plan.release()
 
 
-def test_a_launch_with_a_bad_store_is_refused_before_anything_starts(script):
+def test_a_launch_with_a_bad_store_is_refused_before_anything_starts(launch_script):
     with pytest.raises(TowerflowError, match=r"--store='redis://h1': .*expected etcd://"):
-        plan_launch(LaunchConfig(script=script, workers=1, store="redis://h1"))
+        plan_launch(LaunchConfig(script=launch_script, workers=1, store="redis://h1"))

@@ -12,23 +12,13 @@ from towerflow.launch.config import LaunchConfig
 from towerflow.launch.planning import plan_launch
 
 
-@pytest.fixture
-def script(tmp_path, monkeypatch):
-    for name in ("SLURM_JOB_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "WORLD_SIZE",
-                 "TF_CONFIG", "TOWERFLOW_SCHEDULER", "PET_NNODES", "KUBERNETES_SERVICE_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    path = tmp_path / "train.py"
-    path.write_text("print('hi')\n")
-    return str(path)
-
-
-def test_an_embedded_cluster_is_planned_from_a_config(script):
-    plan = plan_launch(LaunchConfig(script=script, script_args=("--lr", "0.1"), ps=1, workers=2))
+def test_an_embedded_cluster_is_planned_from_a_config(launch_script):
+    plan = plan_launch(LaunchConfig(script=launch_script, script_args=("--lr", "0.1"), ps=1, workers=2))
     try:
         assert sorted((t.job, t.index) for t in plan.tasks) == [("ps", 0), ("worker", 0), ("worker", 1)]
         assert plan.cluster.num_tasks("worker") == 2 and plan.cluster.num_tasks("ps") == 1
         worker = next(t for t in plan.tasks if t.job == "worker")
-        assert worker.argv[-3:] == [script, "--lr", "0.1"]
+        assert worker.argv[-3:] == [launch_script, "--lr", "0.1"]
     finally:
         plan.release()
 
@@ -43,13 +33,13 @@ def test_an_embedded_cluster_is_planned_from_a_config(script):
     (dict(ps=3, workers=1, ps_replicas=3), "--ps-replicas 3 with --ps 3: expected 1"),
     (dict(workers=2, ps_replicas=2), "--ps-replicas 2 with --ps 0"),
 ])
-def test_a_launch_that_cannot_run_is_refused_with_the_flag_to_change(script, config, message):
+def test_a_launch_that_cannot_run_is_refused_with_the_flag_to_change(launch_script, config, message):
     with pytest.raises(TowerflowError, match=message):
-        plan_launch(LaunchConfig(script=script, **config))
+        plan_launch(LaunchConfig(script=launch_script, **config))
 
 
-def test_the_command_line_hands_planning_exactly_its_flags(script):
+def test_the_command_line_hands_planning_exactly_its_flags(launch_script):
     args = build_parser().parse_args(["launch", "--ps", "2", "--workers", "3", "--chief", "--mode", "sync",
-                                      "--replicas-to-aggregate", "2", "--max-restarts", "1", script, "--epochs", "3"])
-    assert config_of(args) == LaunchConfig(script=script, script_args=("--epochs", "3"), ps=2, workers=3, chief=True,
+                                      "--replicas-to-aggregate", "2", "--max-restarts", "1", launch_script, "--epochs", "3"])
+    assert config_of(args) == LaunchConfig(script=launch_script, script_args=("--epochs", "3"), ps=2, workers=3, chief=True,
                                            max_restarts=1, mode="sync", replicas_to_aggregate=2)
