@@ -103,6 +103,8 @@ def make_optimizer(model: DLRM, name: str, lr: float, table_lr: float):
     kind, rows = {"adagrad": (torch.optim.Adagrad, towerflow.ps.SparseAdagrad),
                   "adam": (torch.optim.Adam, towerflow.ps.SparseAdam),
                   "sgd": (torch.optim.SGD, towerflow.ps.SparseSGD)}[name]
+    if kind is torch.optim.Adagrad:  # TF's first accumulator: a first step of lr * sign(g) kills ReLUs at once
+        return kind(dense, lr=lr, initial_accumulator_value=0.1), rows(lr=table_lr)
     return kind(dense, lr=lr), rows(lr=table_lr)
 
 
