@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -21,9 +22,10 @@ from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import Layout
 from towerflow.ps.worker import linked
 from towerflow.ps.worker import reshard as _reshard
+from towerflow.ps.worker import rows as _rows
 from towerflow.ps.worker.channel import Channel
 from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PolicySpec, Pulled, PushPull, PushPulled,
-                                   Rejoined, RowPush, RowRead)
+                                   Rejoined, RowRead)
 from towerflow.ps.replication_messages import backup_for
 from towerflow.ps.tables import TableSpec
 
@@ -195,12 +197,32 @@ class PSClient:
 
     def wait(self, ch: Channel, future) -> Any:
         """The call's reply. A ps cut off by the network never fails the call, and a sync or ssp pull also
-        waits on other workers: the server watches their heartbeats to say when to stop waiting."""
+        waits on other workers: the wait watches their heartbeats, and the ps tasks' restarts, to say when
+        to stop waiting."""
+        watch = self._watch()
         with _lost_as_pslost(ch):
             if not isinstance(future, torch.futures.Future):  # a link's or direct channel's step: read in this thread
-                return future.result(idle=self.server.peer_watch(serving=("ps",)))
-            self.server.wait_watching(future, serving=("ps",))
+                return future.result(idle=watch)
+            ready = threading.Event()
+            future.add_done_callback(lambda _f: ready.set())
+            while not ready.wait(1.0):
+                watch()
             return future.wait()
+
+    def _watch(self) -> Callable[[], None]:
+        """A check for a wait on the ps: raises PeerLostError for a task that failed or went silent, and PSLost
+        for a ps task restarted since this worker last called it. A sync round waits on ps task 0 for a worker
+        that is itself waiting for the chief to restore ps task 1: the chief has to learn of that restart even
+        when none of its own calls saw the loss."""
+        peers = self.server.peer_watch(serving=("ps",))
+
+        def check() -> None:
+            peers()
+            for ch in self.channels:
+                now = self.server.rpc_name_of("ps", ch.task)
+                if now != ch.to:
+                    raise PSLost(ch.task, ch.to, RuntimeError(f"it was restarted (now {now})"))
+        return check
 
     def on_all(self, fn: Endpoint, *args: Any) -> List[Any]:
         """fn(model, *args) on every ps task at once; their replies in channel order."""
@@ -213,21 +235,9 @@ class PSClient:
         return [self.wait(ch, f) for ch, f in calls]
 
     # ---- table rows
-    def _by_task(self, ids_by_table: Dict[str, torch.Tensor]):
-        """{task: [(table, mask into the table's ids, local keys)]}: where each unique id's row lives."""
-        out: Dict[int, list] = collections.defaultdict(list)
-        for name, ids in ids_by_table.items():
-            spec = self.tables[name]
-            spec.check_ids(ids)
-            shard, local = spec.route(ids)
-            for task in range(spec.num_shards):
-                mask = shard == task
-                out[task].append((name, mask, local[mask].to(spec.wire_dtype())))
-        return out
-
     def read_rows(self, ids_by_table: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """The rows of every table's unique ids, one call per ps task (all in flight at once)."""
-        routed = self._by_task(ids_by_table)
+        routed = _rows.route(self.tables, ids_by_table)
         self._last_read = (ids_by_table, routed)  # the push of these rows' gradients routes them alike
         calls = [(ch, routed[ch.task], self.call(ch, Endpoints.read_rows, RowRead(
             self.worker, tuple(n for n, _, _ in routed[ch.task]), tuple(k for _, _, k in routed[ch.task]), self.reads + 1)))
@@ -242,20 +252,6 @@ class PSClient:
         self.reads += 1  # a read sent again (a lost ps) keeps its number
         if self.device.type != "cpu":
             out = {name: r.to(self.device, non_blocking=True) for name, r in out.items()}
-        return out
-
-    def _row_pushes(self, grads_by_table) -> Dict[int, RowPush]:
-        """Each ps task's part of this step's row gradients, {table: (unique ids, grads)} cut by owner."""
-        if not grads_by_table:
-            return {}
-        read, routed = self._last_read
-        if any(read.get(name) is not ids for name, (ids, _) in grads_by_table.items()):  # not the last read's ids
-            routed = self._by_task({name: ids for name, (ids, _) in grads_by_table.items()})
-        out = {}
-        for task, parts in routed.items():
-            parts = [p for p in parts if p[0] in grads_by_table]  # tables the loss reached
-            grads = tuple(grads_by_table[name][1][mask].to("cpu") for name, mask, _ in parts)
-            out[task] = RowPush(tuple(n for n, _, _ in parts), tuple(k for _, _, k in parts), grads)
         return out
 
     # ---- pulls and pushes
@@ -287,7 +283,7 @@ class PSClient:
         gradients and its part of the tables' row gradients (`row_grads`: {table: (unique ids, grads)});
         with prefetch, install the previous step's values (these come back while the worker computes).
         `kind="delta"`: the `.grad` slots hold a local-steps worker's parameter deltas (`local_steps.py`)."""
-        rows = self._row_pushes(row_grads)
+        rows = _rows.pushes_by_task(self.tables, self._last_read, row_grads)
         self.open()
         k = self.pushes % 2  # push buffer set k was last used two steps ago, and that call has been waited for
         self.pushes += 1
@@ -363,17 +359,7 @@ class PSClient:
 
     def table_values(self) -> Dict[str, torch.Tensor]:
         """Every fixed table, put together from its shards on the ps tasks (for tests and small exports)."""
-        parts = dict(zip((ch.task for ch in self.channels), self.on_all(Endpoints.table_values)))
-        out = {}
-        for name, spec in self.tables.items():
-            if spec.is_hash:
-                continue
-            full = torch.empty(spec.rows, spec.dim, dtype=spec.dtype)
-            for task, values in parts.items():
-                if name in values:
-                    full[spec.global_ids(task, torch.arange(values[name].shape[0]))] = values[name]
-            out[name] = full
-        return out
+        return _rows.assemble(self.tables, dict(zip((ch.task for ch in self.channels), self.on_all(Endpoints.table_values))))
 
     def ps_metrics(self) -> Dict[str, dict]:
         """Each ps task's counters, by task name."""
