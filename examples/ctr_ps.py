@@ -26,9 +26,9 @@ allocates none of them; the row optimizer (`--optimizer`, `ftrl` included) runs 
 `--logdir D --save-checkpoint-steps K` the chief checkpoints tables and optimizer state, and a
 job launched with `--max-restarts 1` survives a killed ps (docs/parameter-server.md).
 
-Measured in one process (2-core Xeon, 1 thread), adagrad: --rows 100000 --steps 300 reaches
-0.8159 against a best of 0.8228; --rows 1000000 gets within 0.01 of its best in about 200
-steps (0.8085 at 100, 0.8127 at 200, 0.8155 at 300; best 0.8223).
+Measured in one process (2-core AMD EPYC, 1 thread), adagrad: --rows 100000 --steps 300 reaches
+0.8151 against a best of 0.8228; --rows 1000000 gets within 0.01 of its best in about 200
+steps (0.8037 at 100, 0.8140 at 200, 0.8165 at 300; best 0.8223).
 """
 
 import argparse
@@ -103,8 +103,8 @@ def make_optimizer(model: DLRM, name: str, lr: float, table_lr: float):
     kind, rows = {"adagrad": (torch.optim.Adagrad, towerflow.ps.SparseAdagrad),
                   "adam": (torch.optim.Adam, towerflow.ps.SparseAdam),
                   "sgd": (torch.optim.SGD, towerflow.ps.SparseSGD)}[name]
-    if kind is torch.optim.Adagrad:  # TF's first accumulator: a first step of lr * sign(g) kills ReLUs at once
-        return kind(dense, lr=lr, initial_accumulator_value=0.1), rows(lr=table_lr)
+    if kind is torch.optim.Adagrad:  # a first accumulator of 0 makes the first step lr * sign(g): it kills ReLUs
+        return kind(dense, lr=lr, initial_accumulator_value=0.01), rows(lr=table_lr)
     return kind(dense, lr=lr), rows(lr=table_lr)
 
 
