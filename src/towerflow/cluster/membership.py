@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from towerflow.cluster import ending as _ending
 from towerflow import taskenv as _taskenv
@@ -215,16 +215,12 @@ class Membership:
         """Return once the torch `future` is done. Meanwhile watch heartbeats (of `task` = (job, index)
         only, or of every running task and the jobs in `serving`), so that a call to a task that died or
         was cut off by the network ends with ClusterError naming it instead of waiting forever."""
-        if future.done():
-            return
-        ready = threading.Event()
-        future.add_done_callback(lambda _f: ready.set())
         seen: Dict[str, tuple] = {}
-        while not ready.wait(every):
-            if task is not None:
-                self.check_heartbeats([DeviceSpec(job=task[0], replica=0, task=task[1])], seen)
-            else:
-                self.check_peers(seen, serving)
+        if task is not None:
+            wait_for(future, lambda: self.check_heartbeats([DeviceSpec(job=task[0], replica=0, task=task[1])], seen),
+                     every)
+        else:
+            wait_for(future, lambda: self.check_peers(seen, serving), every)
 
     def wait_until_all_done(self, timeout: Optional[float]) -> None:
         """The end barrier: return once every task is done and the cluster's end is decided (ending.py).
@@ -253,3 +249,14 @@ class Membership:
                     missing=[task_name(t.job, t.task) for t in missing],
                 )
             time.sleep(2 * POLL)
+
+
+def wait_for(future, check: Callable[[], None], every: float = 1.0) -> None:
+    """Return once the torch `future` is done, calling `check()` every `every` seconds meanwhile: it raises to
+    end the wait (a peer gone, a task restarted)."""
+    if future.done():
+        return
+    ready = threading.Event()
+    future.add_done_callback(lambda _f: ready.set())
+    while not ready.wait(every):
+        check()

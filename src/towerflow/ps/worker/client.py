@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from towerflow.cluster import membership as _membership
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import Layout
@@ -203,10 +203,7 @@ class PSClient:
         with _lost_as_pslost(ch):
             if not isinstance(future, torch.futures.Future):  # a link's or direct channel's step: read in this thread
                 return future.result(idle=watch)
-            ready = threading.Event()
-            future.add_done_callback(lambda _f: ready.set())
-            while not ready.wait(1.0):
-                watch()
+            _membership.wait_for(future, watch)
             return future.wait()
 
     def _watch(self) -> Callable[[], None]:
