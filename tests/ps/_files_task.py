@@ -13,17 +13,13 @@ import os
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from _file_worker import setup, train_logged
 
 import towerflow
 from towerflow import taskenv
 
 folder, data, steps, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 logdir = sys.argv[5] if len(sys.argv) > 5 else None
-ROWS = [1 << 20] + [1000] * 25
-
 
 def lines(path: str) -> int:
     try:
@@ -35,27 +31,16 @@ def lines(path: str) -> int:
 
 strategy = towerflow.strategy_from_env()
 worker, restart = strategy.replica_id, taskenv.current().restart_count
-torch.manual_seed(0)
-model = nn.Linear(13, 1)
-model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
-stream = strategy.distribute_files(data, "parquet", 32, ROWS, shuffle_window=128, seed=3)
+model, optimizer, stream = setup(strategy, data)
 log = open(os.path.join(folder, f"ids-{worker}-{restart}.txt"), "a")
 trained = 0
 with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, hooks=[towerflow.StopAtStepHook(last_step=steps)],
                                         logdir=logdir, save_checkpoint_steps=10 if logdir else None,
                                         save_checkpoint_secs=None, log_step_count_steps=0, progress=False) as session:
-    for dense, cats, labels in stream:
+    for batch in stream:
         if session.should_stop():
             break
-
-        def step():
-            optimizer.zero_grad()
-            F.binary_cross_entropy_with_logits(model(dense).squeeze(1), labels).backward()
-            optimizer.step()
-
-        session.run(step)
-        log.write(" ".join(map(str, cats[:, 0].tolist())) + "\n")
-        log.flush()
+        train_logged(session, model, optimizer, batch, log)
         trained += 1
         time.sleep(0.02)
         if worker == 1 and restart == 0 and trained == kill_at:

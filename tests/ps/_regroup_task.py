@@ -10,33 +10,19 @@ restores the newest checkpoint of LOGDIR, with however many workers it has.
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+from _file_worker import setup, train_logged
 
 import towerflow
 
 folder, data, batches, logdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ROWS = [1 << 20] + [1000] * 25
 
 strategy = towerflow.strategy_from_env()
-torch.manual_seed(0)
-model = nn.Linear(13, 1)
-model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))
-stream = strategy.distribute_files(data, "parquet", 32, ROWS, shuffle_window=128, seed=3)
+model, optimizer, stream = setup(strategy, data)
 with open(os.path.join(folder, f"ids-{strategy.replica_id}.txt"), "w") as log, \
         towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, logdir=logdir, save_checkpoint_steps=10_000,
                                            save_checkpoint_secs=None, log_step_count_steps=0, progress=False) as session:
-    for trained, (dense, cats, labels) in enumerate(stream, start=1):
-
-        def step():
-            optimizer.zero_grad()
-            F.binary_cross_entropy_with_logits(model(dense).squeeze(1), labels).backward()
-            optimizer.step()
-
-        session.run(step)
-        log.write(" ".join(map(str, cats[:, 0].tolist())) + "\n")
-        log.flush()
+    for trained, batch in enumerate(stream, start=1):
+        train_logged(session, model, optimizer, batch, log)
         if trained == batches:
             break
     if hasattr(strategy, "wait_for_workers") and strategy.is_chief:
