@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,6 +33,8 @@ def launch(args: Sequence[str], timeout: float) -> str:
         finally:
             timed_out = proc.poll() is None
             if timed_out:  # the launcher stops its tasks on SIGTERM; they also die with it
+                before = os.fstat(out.fileno()).st_size
+                _dump_stacks(proc, out)
                 os.killpg(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(10)
@@ -40,12 +42,57 @@ def launch(args: Sequence[str], timeout: float) -> str:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait(10)
         out.seek(0)
-        text = out.read()
+        data = out.buffer.read()
+        text = data.decode(errors="replace")
     if timed_out:
-        raise LaunchFailed(f"`towerflow launch {' '.join(args)}` still running after {timeout}s:\n{text[-8000:]}")
+        raise LaunchFailed(f"`towerflow launch {' '.join(args)}` still running after {timeout}s; where each task "
+                           f"waited:\n{condensed_stacks(data[before:].decode(errors='replace'))}\nits output until then:\n"
+                           f"{data[:before].decode(errors='replace')[-8000:]}")
     if proc.returncode != 0:
         raise LaunchFailed(f"`towerflow launch {' '.join(args)}` exited {proc.returncode}:\n{text[-8000:]}")
     return text
+
+
+def _dump_stacks(proc: subprocess.Popen, out) -> None:
+    """Have every task of a launch that ran past its deadline print its threads' stacks (the launcher passes
+    SIGUSR1 on); returns once their output stops growing (at most 5 s)."""
+    try:
+        os.kill(proc.pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return
+    size, deadline = -1, time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = os.fstat(out.fileno()).st_size
+        if now == size:
+            return
+        size = now
+
+
+def condensed_stacks(text: str, frames: int = 4) -> str:
+    """The stack dumps in a launch's output (Python's faulthandler), each thread cut to its `frames` innermost
+    frames outside Python's own library and the installed packages, file names without their folders; a
+    thread with none (an idle pool thread, an event loop) is left out: what every task was doing, in a few lines."""
+    kept: List[str] = []
+    thread: List[str] = []
+
+    def close() -> None:
+        if len(thread) > 1:
+            kept.extend(thread)
+        thread.clear()
+
+    for line in text.splitlines():
+        prefix, _, rest = line.partition("] ") if line.startswith("[") else ("", "", line)
+        body = rest.strip()
+        if body.startswith(("Thread 0x", "Current thread 0x")):
+            close()
+            thread.append(f"{prefix}] {body.split(' (')[0]}:" if prefix else body.split(" (")[0] + ":")
+        elif body.startswith("File ") and thread and len(thread) <= frames:
+            where = body.split('"')
+            if len(where) > 2 and f"{os.sep}lib{os.sep}python" not in where[1]:
+                thread.append(f"    {os.path.basename(where[1])}{where[2]}")
+    close()
+    return "\n".join(kept) or "(no task printed its stacks)"
 
 
 def run_by_hand(script: str, tasks: Sequence[Tuple[str, int]], flags: Sequence[str], extra: Sequence[str], timeout: float):

@@ -13,6 +13,8 @@ and the membership get the values as arguments.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
+import signal
 import sys
 import threading
 import time
@@ -165,6 +167,7 @@ class Server:
             _current = self
         self._set_local_task()
         _failures.install()  # a failure to join is reported to the launcher like any other
+        _dump_stacks_on_sigusr1()
         deadline = time.monotonic() + self.join_timeout
         rv = self.rendezvous
         try:
@@ -305,3 +308,10 @@ class Server:
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "started" if self._started else "not started"
         return f"Server({self.name} at {self.address}, {state})"
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1` on a task (or on its launcher, which passes it on) prints every thread's stack to stderr: what a
+    hung task is waiting for, without a debugger. Left alone when the program handles SIGUSR1 itself."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -178,8 +178,9 @@ class Supervisor:
         start-up (importing torch) overlaps theirs (the tasks wait for the store's port); what it
         returns is kept until the run ends. An error it raises stops every task and is raised here.
         """
-        previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGUSR1)
         if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, self._pass_on)  # every task prints its threads' stacks (cluster/server.py)
             signal.signal(signal.SIGTERM, _raise_interrupt)
             # Ctrl-C stops the job even when the launch was started in the background of a
             # script (which starts it with SIGINT ignored)
@@ -211,6 +212,13 @@ class Supervisor:
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, previous[0])
                 signal.signal(signal.SIGINT, previous[1])
+                signal.signal(signal.SIGUSR1, previous[2])
+
+    def _pass_on(self, signum, frame) -> None:
+        """SIGUSR1 to every task that catches it (one whose Server started); it would end one that does not."""
+        for r in list(self._running):
+            if r.proc.poll() is None and _catches(r.proc.pid, signum):
+                r.proc.send_signal(signum)
 
     def _log_exits(self, only: Sequence[_Running] = ()) -> None:
         for r in only or self._running:
@@ -316,6 +324,16 @@ class Supervisor:
             except subprocess.TimeoutExpired:  # pragma: no cover
                 pass
             r.finish_output(0.5)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (its SigCgt mask in /proc; False where there is none)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return bool(caught >> (signum - 1) & 1)
 
 
 def _raise_interrupt(signum, frame):
