@@ -4,9 +4,11 @@ An `Endpoint` call crosses two thread hand-offs on the caller's side (to the soc
 back), each a wake-up of another Python thread; a parameter-server step pays them every step.
 A `DirectChannel` is a DEALER socket of its own that the calling thread sends on and reads its
 reply from while it waits (no reader thread, no hand-off: one wake-up per reply), as the
-same-host shared-memory link does. The called task serves it like any other connection. While
-a reply is awaited, the socket's monitor reports a closed, refused or silent connection as the
-endpoint does (`PeerGone`, ClusterJoinError), and `idle()` runs every second (the heartbeat watch).
+same-host shared-memory link does. The called task serves it like any other connection. A reply
+is awaited in a blocking read, as a bare pyzmq client would (a poll of the socket and its monitor
+before each read cost a tenth of a small call); after each second without one, the socket's
+monitor is read, so a closed, refused or silent connection fails the call as the endpoint does
+(`PeerGone`, ClusterJoinError) within a second, and `idle()` runs (the heartbeat watch).
 """
 
 from __future__ import annotations
@@ -32,9 +34,7 @@ class DirectChannel:
         configure(self._socket)
         self._monitor = self._socket.get_monitor_socket(WATCHED)
         self._socket.connect(address)
-        self._poller = zmq.Poller()
-        self._poller.register(self._socket, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
+        self._socket.rcvtimeo = _WATCH_EVERY_MS
         self._send_poller = zmq.Poller()  # while a send waits for a connection to queue on
         self._send_poller.register(self._socket, zmq.POLLOUT)
         self._send_poller.register(self._monitor, zmq.POLLIN)
@@ -65,23 +65,27 @@ class DirectChannel:
         while frames is None:
             if self._failure is not None:
                 raise self._failure
-            ready = dict(self._poller.poll(_WATCH_EVERY_MS))
-            if self._monitor in ready:
-                self._event(recv_monitor_message(self._monitor)["event"])
-            if self._socket in ready:
+            try:  # a blocking read (RCVTIMEO): the monitor and `idle` are looked at once a second of silence
                 got = self._socket.recv_multipart(copy=False)
-                got_id = wire.envelope(got[0])[1]
-                if got_id == call_id:
-                    frames = got
-                else:
-                    self._early[got_id] = got
-            elif not ready and idle is not None:
-                idle()
+            except zmq.Again:
+                self._read_events()
+                if self._failure is None and idle is not None:
+                    idle()
+                continue
+            got_id = wire.envelope(got[0])[1]
+            if got_id == call_id:
+                frames = got
+            else:
+                self._early[got_id] = got
         kind = wire.envelope(frames[0])[0]
         message = wire.decode(frames)
         if kind == wire.REPLY:
             return message.value
         raise message.exception(self.to)
+
+    def _read_events(self) -> None:
+        while self._monitor.poll(0):
+            self._event(recv_monitor_message(self._monitor)["event"])
 
     def _event(self, event: int) -> None:
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:

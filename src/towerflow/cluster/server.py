@@ -313,5 +313,11 @@ class Server:
 def _dump_stacks_on_sigusr1() -> None:
     """`kill -USR1` on a task (or on its launcher, which passes it on) prints every thread's stack to stderr: what a
     hung task is waiting for, without a debugger. Left alone when the program handles SIGUSR1 itself."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGUSR1) != signal.SIG_DFL:
+        return
+    for stream in (sys.stderr, sys.__stderr__):  # a captured stderr (pytest's) has no file descriptor
+        try:
+            faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+            return
+        except (AttributeError, ValueError, OSError):  # io.UnsupportedOperation is both of the last two
+            continue

@@ -1,7 +1,8 @@
 """The frames of one message between tasks: a typed envelope, its pickle, and its tensors as frames.
 
-A message is `[envelope, pickle, *buffer frames]`. The pickle (protocol 5) holds the typed
-message (`Call`, `Reply`, `Failure`); every dense tensor in it pickles as its dtype and shape with
+A message is `[envelope, pickle, *buffer frames]`. The envelope says which kind of message it is
+(`Call`, `Reply`, `Failure`); the pickle (protocol 5) holds a call as the tuple (function, args,
+kwargs) and a reply as its bare value; every dense tensor in it pickles as its dtype and shape with
 its memory as an out-of-band buffer, a frame of its own: sent as it is (ZeroMQ sends frames of
 more than 64 KB without a copy) and received as a tensor over the frame's buffer (no copy
 either). Other out-of-band buffers (numpy arrays) travel the same way. Tensors on a GPU are copied to the host
@@ -15,7 +16,8 @@ import dataclasses
 import io
 import pickle
 import struct
-from typing import Any, List, Optional, Sequence, Tuple
+import threading
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -43,8 +45,7 @@ def quick(fn):
 _ENVELOPE = struct.Struct("<BQI")  # kind, call id, number of tensor frames
 
 
-@dataclasses.dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """A request: run `fn(*args, **kwargs)` on the receiving task."""
 
     fn: Any
@@ -52,8 +53,7 @@ class Call:
     kwargs: Optional[dict] = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Reply:
+class Reply(NamedTuple):
     """What the called function returned (a deferred one: what its future completed with)."""
 
     value: Any
@@ -77,9 +77,23 @@ class Failure:
 
 _KIND_OF = {Call: CALL, Reply: REPLY, Failure: FAILURE}
 
+# dtypes travel as their index here, not as a global the receiver would look up by name
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_CODE_OF = {d: i for i, d in enumerate(_DTYPES)}
+_NUMPY_DTYPES = frozenset(_DTYPES) - {torch.bfloat16}
+
+
+def _tensor(data: Any, code: int, shape: tuple) -> torch.Tensor:
+    """A received tensor over its frame's memory (the common case: a plain tensor of a listed dtype)."""
+    if len(data) == 0:
+        return torch.empty(shape, dtype=_DTYPES[code])
+    tensor = torch.frombuffer(data, dtype=_DTYPES[code])
+    return tensor if len(shape) == 1 else tensor.view(shape)
+
 
 def _rebuild(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: bool, is_parameter: bool) -> torch.Tensor:
-    """A received tensor over its frame's memory (or an empty one)."""
+    """A received tensor over its frame's memory (or an empty one), with its autograd flag and Parameter type."""
     if len(data) == 0:
         tensor = torch.empty(shape, dtype=dtype)
     else:
@@ -91,6 +105,13 @@ def _rebuild(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: bool, i
 
 def _reduce_tensor(obj: torch.Tensor):
     """A dense tensor pickles as its shape and dtype, its memory as an out-of-band buffer (its own frame)."""
+    if type(obj) is torch.Tensor:  # the common case first, in as few calls as it takes
+        try:
+            array = obj.numpy()  # refuses a tensor on a GPU, one that requires grad, or one of a dtype numpy lacks
+        except (RuntimeError, TypeError):
+            array = None
+        if array is not None and array.size and array.flags.c_contiguous:
+            return (_tensor, (pickle.PickleBuffer(array), _CODE_OF[obj.dtype], array.shape))
     if obj.layout != torch.strided:
         return obj.__reduce_ex__(5)  # a sparse tensor: its index and value tensors come back here
     tensor = obj.detach() if obj.requires_grad else obj
@@ -98,30 +119,73 @@ def _reduce_tensor(obj: torch.Tensor):
         tensor = tensor.cpu()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
+    dtype = tensor.dtype
     if tensor.numel() == 0:
         data: Any = b""
-    elif tensor.dtype in _NUMPY_DTYPES:
+    elif dtype in _NUMPY_DTYPES:
         data = pickle.PickleBuffer(tensor.numpy())
     else:  # bfloat16 and the like have no numpy dtype: their bytes
         data = pickle.PickleBuffer(tensor.reshape(-1).view(torch.uint8).numpy())
-    return (_rebuild, (data, tensor.dtype, tuple(obj.shape), obj.requires_grad, isinstance(obj, torch.nn.Parameter)))
+    code = _CODE_OF.get(dtype)
+    if code is not None and type(obj) is torch.Tensor and not obj.requires_grad:
+        return (_tensor, (data, code, tuple(obj.shape)))
+    return (_rebuild, (data, dtype, tuple(obj.shape), obj.requires_grad, isinstance(obj, torch.nn.Parameter)))
 
 
-_NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
-                           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})
 _REDUCERS = {torch.Tensor: _reduce_tensor, torch.nn.Parameter: _reduce_tensor}
+_DISPATCH = {**copyreg.dispatch_table, **_REDUCERS}  # by exact type, in C: the rest at full speed
+_mode_on = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
+
+
+class _Pickling(threading.local):
+    """One pickler per thread, reused message after message (making one costs as much as pickling a small call)."""
+
+    def __init__(self):
+        self.out = io.BytesIO()
+        self.buffers: List[Any] = []
+        self.pickler = pickle.Pickler(self.out, protocol=5, buffer_callback=self.buffers.append)
+        self.pickler.dispatch_table = _DISPATCH
+        self.busy = False
+
+
+_pickling = _Pickling()
+
+
+def _dumps(body: Any) -> Tuple[bytes, List[Any]]:
+    """`body` pickled (protocol 5) and its out-of-band buffers, with this thread's pickler."""
+    p = _pickling
+    if p.busy:  # a reducer that sends a message of its own: a fresh pickler for the inner one
+        buffers: List[Any] = []
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+        pickler.dispatch_table = _DISPATCH
+        pickler.dump(body)
+        return out.getvalue(), [b.raw() for b in buffers]
+    p.busy = True
+    try:
+        p.out.seek(0)
+        p.out.truncate()
+        p.buffers.clear()
+        p.pickler.clear_memo()
+        p.pickler.dump(body)
+        return p.out.getvalue(), [b.raw() for b in p.buffers]
+    finally:
+        p.buffers.clear()
+        p.busy = False
 
 
 def encode(call_id: int, message: Any) -> List[Any]:
     """The frames of `message` (a `Call`, `Reply` or `Failure`): envelope, pickle, then one frame per tensor
-    (and per out-of-band buffer of pickle protocol 5, a numpy array's for example)."""
-    buffers: List[Any] = []
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5, buffer_callback=lambda b: buffers.append(b.raw()))
-    pickler.dispatch_table = {**copyreg.dispatch_table, **_REDUCERS}  # by exact type, in C: the rest at full speed
-    with torch._C.DisableTorchFunction():  # the copies to the host are the wire's, not ops of a placement scope
-        pickler.dump(message)
-    return [_ENVELOPE.pack(_KIND_OF[type(message)], call_id, len(buffers)), out.getbuffer(), *buffers]
+    (and per out-of-band buffer of pickle protocol 5, a numpy array's for example). A call and a reply pickle
+    as a plain tuple and value (the envelope says which): no class to look up on the other side."""
+    kind = _KIND_OF[type(message)]
+    body = tuple(message) if kind == CALL else message.value if kind == REPLY else message
+    if _mode_on():  # the copies to the host are the wire's, not ops of a placement scope
+        with torch._C.DisableTorchFunction():
+            data, buffers = _dumps(body)
+    else:
+        data, buffers = _dumps(body)
+    return [_ENVELOPE.pack(kind, call_id, len(buffers)), data, *buffers]
 
 
 def envelope(frame: Any) -> Tuple[int, int, int]:
@@ -131,9 +195,17 @@ def envelope(frame: Any) -> Tuple[int, int, int]:
 
 def decode(frames: Sequence[Any]) -> Any:
     """The message of `frames` (without the envelope's routing frames): tensors over the frames' memory."""
+    kind = envelope(frames[0])[0]
     body = getattr(frames[1], "buffer", frames[1])
-    with torch._C.DisableTorchFunction():
-        return pickle.loads(body, buffers=[getattr(f, "buffer", f) for f in frames[2:]])
+    buffers = [getattr(f, "buffer", f) for f in frames[2:]]
+    if _mode_on():
+        with torch._C.DisableTorchFunction():
+            value = pickle.loads(body, buffers=buffers)
+    else:
+        value = pickle.loads(body, buffers=buffers)
+    if kind == CALL:
+        return Call(*value)
+    return Reply(value) if kind == REPLY else value
 
 
 def failure_of(error: BaseException, remote_traceback: str) -> Failure:
