@@ -16,7 +16,6 @@ import dataclasses
 import io
 import pickle
 import struct
-import threading
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -137,41 +136,32 @@ _DISPATCH = {**copyreg.dispatch_table, **_REDUCERS}  # by exact type, in C: the 
 _mode_on = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
 
 
-class _Pickling(threading.local):
-    """One pickler per thread, reused message after message (making one costs as much as pickling a small call)."""
-
-    def __init__(self):
-        self.out = io.BytesIO()
-        self.buffers: List[Any] = []
-        self.pickler = pickle.Pickler(self.out, protocol=5, buffer_callback=self.buffers.append)
-        self.pickler.dispatch_table = _DISPATCH
-        self.busy = False
+def _pickler() -> Tuple[io.BytesIO, List[Any], pickle.Pickler]:
+    out, buffers = io.BytesIO(), []
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
+    pickler.dispatch_table = _DISPATCH
+    return out, buffers, pickler
 
 
-_pickling = _Pickling()
+_spare: List[Tuple[io.BytesIO, List[Any], pickle.Pickler]] = []  # picklers not in use (list.pop/append are atomic)
 
 
 def _dumps(body: Any) -> Tuple[bytes, List[Any]]:
-    """`body` pickled (protocol 5) and its out-of-band buffers, with this thread's pickler."""
-    p = _pickling
-    if p.busy:  # a reducer that sends a message of its own: a fresh pickler for the inner one
-        buffers: List[Any] = []
-        out = io.BytesIO()
-        pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
-        pickler.dispatch_table = _DISPATCH
+    """`body` pickled (protocol 5) and its out-of-band buffers. Picklers are reused, message after message (making
+    one costs as much as pickling a small call); each call takes one nobody else uses, a new one if none is spare."""
+    try:
+        out, buffers, pickler = _spare.pop()
+    except IndexError:
+        out, buffers, pickler = _pickler()
+    try:
         pickler.dump(body)
         return out.getvalue(), [b.raw() for b in buffers]
-    p.busy = True
-    try:
-        p.out.seek(0)
-        p.out.truncate()
-        p.buffers.clear()
-        p.pickler.clear_memo()
-        p.pickler.dump(body)
-        return p.out.getvalue(), [b.raw() for b in p.buffers]
     finally:
-        p.buffers.clear()
-        p.busy = False
+        out.seek(0)
+        out.truncate()
+        buffers.clear()
+        pickler.clear_memo()
+        _spare.append((out, buffers, pickler))
 
 
 def encode(call_id: int, message: Any) -> List[Any]:
