@@ -250,3 +250,12 @@ def test_a_killed_peer_fails_the_calls_waiting_on_it_and_the_next_ones(endpoints
     finally:
         peer.kill()
         peer.wait(10)
+
+
+
+def test_a_connection_that_cannot_be_opened_fails_its_call_and_the_endpoint_goes_on(endpoints):
+    server = endpoints("server")
+    client = endpoints("client", book={"server": server.address, "bad": "tcp://127.0.0.1:notaport"})
+    with pytest.raises(messaging.PeerGone, match="could not open a connection to bad at tcp://127.0.0.1:notaport"):
+        client.call("bad", _echo, (1,), timeout=10).wait()
+    assert client.call("server", _echo, (2,), timeout=10).wait() == ((2,), {})

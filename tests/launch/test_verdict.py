@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from towerflow.cluster import failures
 from towerflow.cluster.failures import FailureRecord, FailureReport
-from towerflow.cluster.messaging import PeerGone
+from towerflow.cluster.connection_events import PeerGone
 from towerflow.errors import ClusterTimeoutError, DataError, PeerLostError
 from towerflow.launch import verdict
 

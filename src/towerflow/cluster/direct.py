@@ -20,7 +20,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from towerflow.cluster import wire
-from towerflow.cluster.messaging import WATCHED, PeerGone, peer_failure
+from towerflow.cluster.connection_events import PeerGone, monitor, peer_failure
 
 _WATCH_EVERY_MS = 1000
 
@@ -32,7 +32,7 @@ class DirectChannel:
         self.me, self.to, self.address = me, to, address
         self._socket = context.socket(zmq.DEALER)
         configure(self._socket)
-        self._monitor = self._socket.get_monitor_socket(WATCHED)
+        self._monitor = monitor(self._socket)
         self._socket.connect(address)
         self._socket.rcvtimeo = _WATCH_EVERY_MS
         self._send_poller = zmq.Poller()  # while a send waits for a connection to queue on

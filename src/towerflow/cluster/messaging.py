@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import itertools
+import sys
 import threading
 import time
 import traceback
@@ -31,49 +32,13 @@ from zmq.utils.monitor import recv_monitor_message
 
 from towerflow.cluster import wire
 from towerflow.cluster.wire_security import WireSecurity
-from towerflow.errors import ClusterJoinError, ClusterTimeoutError
+from towerflow.cluster.connection_events import PeerGone, monitor, peer_failure, unknown
+from towerflow.errors import ClusterTimeoutError
 
 _HEARTBEAT_EVERY_MS = 1000
-WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
-            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _CALL, _REPLY, _STOP = b"c", b"r", b"s"  # what the outbox carries to the socket thread
 
-
-class PeerGone(RuntimeError):
-    """Raised on a call whose task is gone: its process ended, its host went away, or it never existed."""
-
-    def __init__(self, message: str, task: str = ""):
-        super().__init__(message)
-        self.task = task
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.task))
-
-
 deferred, quick = wire.deferred, wire.quick
-
-
-def peer_failure(event: int, is_up: bool, me: str, to: str, address: str) -> Optional[BaseException]:
-    """What a monitor `event` of a connection from `me` to `to` means for the calls on it: None (nothing), or
-    the error that fails them: refused credentials, a closed connection, one that cannot be opened any more."""
-    if event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
-                 zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-        return ClusterJoinError(
-            f"{to} at {address} refused the connection of {me}: the two tasks have different cluster tokens "
-            "(TOWERFLOW_CLUSTER_TOKEN) or wire security settings (TOWERFLOW_WIRE_SECURITY). Give every task of the "
-            "cluster the same ones.", task=to)
-    if event == zmq.EVENT_DISCONNECTED:
-        return PeerGone(f"the connection from {me} to {to} at {address} closed: its process ended, or its host "
-                        "stopped answering ZeroMQ's heartbeats", to)
-    if event == zmq.EVENT_CONNECT_RETRIED and not is_up:
-        return PeerGone(f"{me} cannot connect to {to} at {address}: nothing listens there any more (its process "
-                        "ended)", to)
-    return None
-
-
-def _unknown(to: str) -> PeerGone:
-    return PeerGone(f"no task named {to!r} has joined the cluster (it was never started, or it was replaced by a "
-                    "restarted incarnation)", to)
 
 
 def _zmq_host(host: str) -> str:
@@ -142,7 +107,7 @@ class Endpoint:
             return future
         address = self._address_of(to)
         if address is None:
-            future.set_exception(_unknown(to))
+            future.set_exception(unknown(to))
             return future
         call_id = next(self._ids)
         frames = wire.encode(call_id, wire.Call(fn, args, kwargs))
@@ -172,13 +137,17 @@ class Endpoint:
         try:
             while True:
                 for socket, events in self._poller.poll(self._poll_ms()):
-                    if socket is self._server:
-                        self._serve(socket.recv_multipart(copy=False))
-                    elif socket is self._outbox_in:
-                        if not self._from_outbox(socket.recv_multipart(copy=False)):
-                            return
-                    else:
-                        self._from_peer(socket, events)
+                    try:
+                        if socket is self._server:
+                            self._serve(socket.recv_multipart(copy=False))
+                        elif socket is self._outbox_in:
+                            if not self._from_outbox(socket.recv_multipart(copy=False)):
+                                return
+                        else:
+                            self._from_peer(socket, events)
+                    except Exception:  # one message's trouble; the thread serves every connection of the task
+                        print(f"towerflow: {self.name}: the messaging thread failed to handle a message and goes on:\n"
+                              f"{traceback.format_exc()}", file=sys.stderr, flush=True)
                 self._expire()
         finally:
             self._close_sockets()
@@ -195,7 +164,13 @@ class Endpoint:
         if kind == _REPLY:
             self._server.send_multipart(frames[1:], copy=False)
         elif kind == _CALL:
-            peer = self._peer(frames[1].bytes.decode(), frames[2].bytes.decode())
+            to, address = frames[1].bytes.decode(), frames[2].bytes.decode()
+            try:
+                peer = self._peer(to, address)
+            except zmq.ZMQError as e:
+                self._fail_call(wire.envelope(frames[3])[1], PeerGone(
+                    f"{self.name} could not open a connection to {to} at {address}: {e}", to))
+                return True
             if peer.failure is not None:
                 self._fail_call(wire.envelope(frames[3])[1], peer.failure)
             else:
@@ -223,10 +198,10 @@ class Endpoint:
         if peer is None:
             socket = self._context.socket(zmq.DEALER)
             self._configure_dealer(socket, address)
-            monitor = socket.get_monitor_socket(WATCHED)
+            watcher = monitor(socket)
             socket.connect(address)
-            peer = self._peers[name] = _Peer(name, address, socket, monitor)
-            for s in (socket, monitor):
+            peer = self._peers[name] = _Peer(name, address, socket, watcher)
+            for s in (socket, watcher):
                 self._poller.register(s, zmq.POLLIN)
                 self._by_socket[s] = peer
         return peer
@@ -249,7 +224,7 @@ class Endpoint:
 
         address = self._address_of(to)
         if address is None or self._stopped.is_set():
-            raise _unknown(to)
+            raise unknown(to)
         return DirectChannel(self._context, self.name, to, address, lambda s: self._configure_dealer(s, address))
 
     def _from_peer(self, socket: zmq.Socket, events: int) -> None:

@@ -139,8 +139,8 @@ def is_peer_lost(error: BaseException) -> bool:
     away, or it was replaced by a restarted incarnation), rather than because the called function raised."""
     from towerflow.cluster.shm_link import LinkClosed
 
-    messaging = sys.modules.get("towerflow.cluster.messaging")  # not imported: no call was made, none was lost
-    return isinstance(error, LinkClosed) or (messaging is not None and isinstance(error, messaging.PeerGone))
+    events = sys.modules.get("towerflow.cluster.connection_events")  # not imported: no call was made, none was lost
+    return isinstance(error, LinkClosed) or (events is not None and isinstance(error, events.PeerGone))
 
 
 def is_group_peer_lost(error: BaseException) -> bool:

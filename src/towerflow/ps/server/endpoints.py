@@ -116,14 +116,26 @@ def _direct_sender(server, model: str, task: int, backup_task: int, service: Sha
     def open_for(to: str):
         if _transport.on_socket_thread():
             return None
-        channel = _transport.direct_channel(to)
-        other = lambda frame: channel.call(Endpoints.replicate, frame)  # noqa: E731
+        other = _ToBackup(_transport.direct_channel(to))
         if not use_link:
             return other
         offer = lambda o: _transport.call_async(to, Endpoints.attach_mirror_link, args=(model, task, o)).wait()  # noqa: E731
         return _mirror_link.open_sender(service.flats, offer, other, server.name) or other
 
     return open_for
+
+
+class _ToBackup:
+    """A thread's own direct channel to the backup, sending ops as `replicate` calls; closed once it is lost."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def __call__(self, frame: ReplicaFrame):
+        return self.channel.call(Endpoints.replicate, frame)
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 def _mirror(model: str, primary: int) -> Mirror:

@@ -57,6 +57,13 @@ class LinkSender:
         ack = self._unread[slot] = _SlotAck(self.link, slot)
         return ack
 
+    def close(self) -> None:
+        """The backup is lost: close the link and the other connection."""
+        self.link.close()
+        close = getattr(self.other, "close", None)
+        if close is not None:
+            close()
+
 
 def open_sender(flats: Sequence[torch.Tensor], offer_to: Callable[[shm_link.LinkOffer], bool],
                 other: Callable[[ReplicaFrame], object], who: str) -> Optional[LinkSender]:

@@ -125,7 +125,7 @@ class Replicator:
         try:
             call = send(frame)
         except Exception as error:
-            self._local.channels.pop(self.backup, None)
+            self._drop_direct(self.backup)
             self._backup_failed(self.backup, error)
             return
         self._local.pending.append((self.backup, frame.seq, call))
@@ -172,10 +172,20 @@ class Replicator:
             try:
                 reached = int(call.result())
             except Exception as error:
-                self._local.channels.pop(to, None)
+                self._drop_direct(to)
                 self._backup_failed(to, error)
                 continue
             self._acked(to, reached)
+
+    def _drop_direct(self, to: str) -> None:
+        """Close this thread's own connection to the lost backup `to` (dropped unclosed, its sockets would linger)."""
+        send = self._local.channels.pop(to, None)
+        close = getattr(send, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # closing a connection to a task that is gone: nothing left to save
+                pass
 
     def _send(self, to: str, frame: ReplicaFrame) -> None:
         self.forwarded += 1
