@@ -1,9 +1,10 @@
 """Chaos: SIGKILL a random task (or a whole host) every K seconds for a whole run, and report what it cost.
 
     PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host] [--store etcd] [--every 30]
-        [--steps 20000] [--mode async] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
+        [--steps 20000] [--mode async] [--ps 1] [--ps-replicas 1] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
 
-The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`,
+The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`
+(`--hosts 1`: `--ps N` ps tasks, and `--ps-replicas 2` to keep each ps task's part mirrored on another),
 a checkpoint every 100 global steps. An undisturbed run of the same job, the chaos run, and an
 undisturbed run again (the machine's load drifts); all run `--steps` global steps, so the efficiency
 is the undisturbed runs' mean wall time over the chaos run's (its global steps/s against theirs).
@@ -36,7 +37,7 @@ from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "mnist-t10k"
-TASKS = ("/job:ps/task:0", "/job:worker/task:0", "/job:worker/task:1")
+WORKERS = ("/job:worker/task:0", "/job:worker/task:1")
 _STARTED = re.compile(r"(/job:\w+/task:\d+) \(pid (\d+)\)")
 _RESTARTED = re.compile(r"(/job:\w+/task:\d+) \(pid \d+\) .*restarting it \(\d+ of \d+\) as pid (\d+)")
 _LOST_STEPS = re.compile(r"lost: (\d+) global steps since that checkpoint")
@@ -96,17 +97,21 @@ class Output:
 class OneHost:
     """The whole cluster under one `towerflow launch`."""
 
-    def __init__(self, work: Path, job_argv: List[str], env: Dict[str, str]):
+    def __init__(self, work: Path, job_argv: List[str], env: Dict[str, str], ps: int = 1, ps_replicas: int = 1):
         self.output = Output()
+        self.tasks = tuple(f"/job:ps/task:{i}" for i in range(ps)) + WORKERS
         log = work / "launch.log"
-        argv = [sys.executable, "-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--max-restarts", "1000",
-                "--logdir", str(work / "logdir"), *job_argv]
+        argv = [sys.executable, "-m", "towerflow", "launch", "--ps", str(ps), "--workers", "2", "--max-restarts", "1000",
+                "--ps-replicas", str(ps_replicas), "--logdir", str(work / "logdir"), *job_argv]
         self.proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, cwd=str(ROOT), start_new_session=True)
         self.output.follow(log)
 
     def running(self) -> bool:
         return self.proc.poll() is None
+
+    def targets(self) -> List[str]:
+        return list(self.tasks)
 
     def kill_task(self, task: str) -> bool:
         pid = self.output.pids().get(task)
@@ -157,7 +162,7 @@ def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: ra
                 if back is None:
                     continue
                 kills[-1]["recovered_s"] = round(back - kills[-1]["at"], 2)
-            target = rng.choice(job.targets() if kill == "host" else TASKS)
+            target = rng.choice(job.targets())
             at = time.monotonic()
             if (job.kill_host(target) if kill == "host" else job.kill_task(target)):
                 kills.append({"task": target, "at": at, "after_start_s": round(at - t0, 1), "recovered_s": None})
@@ -221,6 +226,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--every", type=float, default=30.0, help="seconds between kills")
     p.add_argument("--steps", type=int, default=20000, help="global steps of each run")
     p.add_argument("--mode", default="async", choices=("async", "sync", "ssp"))
+    p.add_argument("--ps", type=int, default=1, help="--hosts 1: how many ps tasks")
+    p.add_argument("--ps-replicas", type=int, default=1, choices=(1, 2), help="--hosts 1: each ps part's copies")
     p.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
     p.add_argument("--seed", type=int, default=0, help="which task each kill picks")
     p.add_argument("--data", default=str(DATA), help="the MNIST IDX folder (the digits stand in without it)")
@@ -231,6 +238,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
     args = p.parse_args(argv)
     if args.kill == "host" and args.hosts == 1:
         p.error("--kill host needs --hosts 3: with one host, losing it ends the job by definition")
+    if args.hosts == 3 and (args.ps != 1 or args.ps_replicas != 1):
+        p.error("--ps and --ps-replicas are for --hosts 1: the three hosts run 1 ps and 2 workers")
+    if args.ps_replicas == 2 and args.ps < 2:
+        p.error("--ps-replicas 2 needs --ps 2 or more: a ps part is mirrored on another ps task")
     if args.store == "etcd" and args.hosts == 1:
         p.error("--store etcd needs --hosts 3: on one host the launcher holds the store and outlives every task")
     job_argv = [str(ROOT / "examples" / "mnist_ps.py"), "--data", args.data, "--mode", args.mode,
@@ -244,7 +255,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
         work = out / name
         work.mkdir(parents=True, exist_ok=True)
         if args.hosts == 1:
-            make = lambda work=work: OneHost(work, job_argv, env)  # noqa: E731
+            make = lambda work=work: OneHost(work, job_argv, env, args.ps, args.ps_replicas)  # noqa: E731
         else:
             from _chaos_hosts import NamespaceHosts
 
