@@ -24,6 +24,7 @@ from towerflow.cluster import wire
 from towerflow.cluster.connection_events import PeerGone, monitor, peer_failure
 
 _WATCH_EVERY_MS = 1000
+_IDLE_EVERY_S = _WATCH_EVERY_MS / 1000
 _LOOK_EVERY_MS = 200  # how long a read blocks before the monitor is looked at (a lost peer shows within this)
 
 
@@ -64,7 +65,7 @@ class DirectChannel:
 
     def _reply(self, call_id: int, idle: Optional[Callable[[], None]]) -> Any:
         frames = self._early.pop(call_id, None)
-        idle_at = time.monotonic() + _WATCH_EVERY_MS / 1000
+        idle_at = time.monotonic() + _IDLE_EVERY_S
         while frames is None:
             if self._failure is not None:
                 raise self._failure
@@ -73,7 +74,7 @@ class DirectChannel:
             except zmq.Again:
                 self._read_events()
                 if self._failure is None and idle is not None and time.monotonic() >= idle_at:
-                    idle_at = time.monotonic() + _WATCH_EVERY_MS / 1000
+                    idle_at = time.monotonic() + _IDLE_EVERY_S
                     idle()
                 continue
             got_id = wire.envelope(got[0])[1]

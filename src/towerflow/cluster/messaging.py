@@ -167,12 +167,11 @@ class Endpoint:
             to, address = frames[1].bytes.decode(), frames[2].bytes.decode()
             try:
                 peer = self._peer(to, address)
+                failure = peer.failure
             except zmq.ZMQError as e:
-                self._fail_call(wire.envelope(frames[3])[1], PeerGone(
-                    f"{self.name} could not open a connection to {to} at {address}: {e}", to))
-                return True
-            if peer.failure is not None:
-                self._fail_call(wire.envelope(frames[3])[1], peer.failure)
+                failure = PeerGone(f"{self.name} could not open a connection to {to} at {address}: {e}", to)
+            if failure is not None:
+                self._fail_call(wire.envelope(frames[3])[1], failure)
             else:
                 peer.backlog.append(frames[3:])
                 self._send_backlog(peer)
