@@ -82,9 +82,8 @@ class DirectChannel:
                 frames = got
             else:
                 self._early[got_id] = got
-        kind = wire.envelope(frames[0])[0]
         message = wire.decode(frames)
-        if kind == wire.REPLY:
+        if type(message) is wire.Reply:
             return message.value
         raise message.exception(self.to)
 

@@ -239,7 +239,7 @@ class Endpoint:
             self._peer_event(peer, recv_monitor_message(socket)["event"])
 
     def _reply_arrived(self, peer: _Peer, frames: List[zmq.Frame]) -> None:
-        kind, call_id, _ = wire.envelope(frames[0])
+        call_id = wire.envelope(frames[0])[1]
         with self._pending_lock:
             entry = self._pending.pop(call_id, None)
         if entry is None:
@@ -250,7 +250,7 @@ class Endpoint:
         except Exception as e:
             future.set_exception(e)
             return
-        if kind == wire.REPLY:
+        if type(message) is wire.Reply:
             future.set_result(message.value)
         else:
             future.set_exception(message.exception(peer.name))

@@ -1,12 +1,14 @@
-"""The frames of one message between tasks: a typed envelope, its pickle, and its tensors as frames.
+"""The frames of one message between tasks: a head (typed envelope, then a pickle), and its tensors as frames.
 
-A message is `[envelope, pickle, *buffer frames]`. The envelope says which kind of message it is
-(`Call`, `Reply`, `Failure`); the pickle (protocol 5) holds a call as the tuple (function, args,
+A message is `[head, *buffer frames]`. The head is a fixed envelope (which kind of message it is:
+`Call`, `Reply`, `Failure`, and the call's id) followed by the pickle (protocol 5) in the same frame
+(one frame fewer to send and receive per message); the pickle holds a call as the tuple (function, args,
 kwargs) and a reply as its bare value; every dense tensor in it pickles as its dtype and shape with
 its memory as an out-of-band buffer, a frame of its own: sent as it is (ZeroMQ sends frames of
 more than 64 KB without a copy) and received as a tensor over the frame's buffer (no copy
 either). Other out-of-band buffers (numpy arrays) travel the same way. Tensors on a GPU are copied to the host
-first; they arrive on the host.
+first; they arrive on the host. A call or reply of plain values (numbers, strings, plain CPU tensors: a ps
+step) has a fixed layout after its envelope instead of a pickle (`wire_flat`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from towerflow.cluster import wire_flat
 from towerflow.errors import RemoteError
 
-CALL, REPLY, FAILURE = 1, 2, 3  # the envelope's kind
+CALL, REPLY, FAILURE = 1, 2, 3  # the envelope's kind: a pickled message
+FLAT_CALL, FLAT_REPLY = 4, 5  # a call or reply of plain values, laid out by `wire_flat`
 ANSWERS_LATER = "_towerflow_deferred"  # set on a call target by `deferred`
 ANSWERS_AT_ONCE = "_towerflow_quick"  # set on a call target by `quick`
 
@@ -34,6 +38,12 @@ def deferred(fn):
     return fn
 
 
+def names_a_function(cls):
+    """Mark a class whose instances stand for a function (immutable, hashable, pickled as a reference to it): a
+    call through one whose arguments are plain values is laid out without pickle (`wire_flat`)."""
+    return wire_flat.keep_references_of(cls)
+
+
 def quick(fn):
     """Mark a call target that never waits and returns in well under a millisecond's work per call: it runs
     on the serving task's socket thread instead of a pool thread, saving two thread hand-offs per call
@@ -41,7 +51,7 @@ def quick(fn):
     setattr(fn, ANSWERS_AT_ONCE, True)
     return fn
 
-_ENVELOPE = struct.Struct("<BQI")  # kind, call id, number of tensor frames
+_ENVELOPE = struct.Struct("<BQ")  # kind, call id: the head frame's first bytes, the pickle after them
 
 
 class Call(NamedTuple):
@@ -76,10 +86,7 @@ class Failure:
 
 _KIND_OF = {Call: CALL, Reply: REPLY, Failure: FAILURE}
 
-# dtypes travel as their index here, not as a global the receiver would look up by name
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
-_CODE_OF = {d: i for i, d in enumerate(_DTYPES)}
+_DTYPES, _CODE_OF = wire_flat.DTYPES, wire_flat.CODE_OF  # a dtype travels as its index, not a global by name
 _NUMPY_DTYPES = frozenset(_DTYPES) - {torch.bfloat16}
 
 
@@ -146,14 +153,15 @@ def _pickler() -> Tuple[io.BytesIO, List[Any], pickle.Pickler]:
 _spare: List[Tuple[io.BytesIO, List[Any], pickle.Pickler]] = []  # picklers not in use (list.pop/append are atomic)
 
 
-def _dumps(body: Any) -> Tuple[bytes, List[Any]]:
-    """`body` pickled (protocol 5) and its out-of-band buffers. Picklers are reused, message after message (making
+def _dumps(envelope: bytes, body: Any) -> Tuple[bytes, List[Any]]:
+    """`envelope` followed by `body` pickled (protocol 5), and its out-of-band buffers. Picklers are reused, message after message (making
     one costs as much as pickling a small call); each call takes one nobody else uses, a new one if none is spare."""
     try:
         out, buffers, pickler = _spare.pop()
     except IndexError:
         out, buffers, pickler = _pickler()
     try:
+        out.write(envelope)
         pickler.dump(body)
         return out.getvalue(), [b.raw() for b in buffers]
     finally:
@@ -165,34 +173,52 @@ def _dumps(body: Any) -> Tuple[bytes, List[Any]]:
 
 
 def encode(call_id: int, message: Any) -> List[Any]:
-    """The frames of `message` (a `Call`, `Reply` or `Failure`): envelope, pickle, then one frame per tensor
-    (and per out-of-band buffer of pickle protocol 5, a numpy array's for example). A call and a reply pickle
-    as a plain tuple and value (the envelope says which): no class to look up on the other side."""
+    """The frames of `message` (a `Call`, `Reply` or `Failure`): the head, then one frame per tensor (and per
+    out-of-band buffer of pickle protocol 5, a numpy array's for example). Plain values are laid out
+    (`wire_flat`); anything else pickles, a call and a reply as a plain tuple and value (the envelope says
+    which): no class to look up on the other side."""
     kind = _KIND_OF[type(message)]
+    mode_on = _mode_on()
+    if kind == CALL and not message.kwargs and not mode_on:
+        frames = wire_flat.call_frames(_ENVELOPE.pack(FLAT_CALL, call_id), message.fn, message.args)
+        if frames is not None:
+            return frames
+    elif kind == REPLY and not mode_on:
+        frames = wire_flat.reply_frames(_ENVELOPE.pack(FLAT_REPLY, call_id), message.value)
+        if frames is not None:
+            return frames
     body = tuple(message) if kind == CALL else message.value if kind == REPLY else message
-    if _mode_on():  # the copies to the host are the wire's, not ops of a placement scope
+    head = _ENVELOPE.pack(kind, call_id)
+    if mode_on:  # the copies to the host are the wire's, not ops of a placement scope
         with torch._C.DisableTorchFunction():
-            data, buffers = _dumps(body)
+            data, buffers = _dumps(head, body)
     else:
-        data, buffers = _dumps(body)
-    return [_ENVELOPE.pack(kind, call_id, len(buffers)), data, *buffers]
+        data, buffers = _dumps(head, body)
+    return wire_flat.aligned(data, buffers)
 
 
-def envelope(frame: Any) -> Tuple[int, int, int]:
-    """(kind, call id, number of buffer frames) of a message's first frame."""
+def envelope(frame: Any) -> Tuple[int, int]:
+    """(kind, call id) of a message's first frame."""
     return _ENVELOPE.unpack_from(getattr(frame, "buffer", frame))
 
 
 def decode(frames: Sequence[Any]) -> Any:
     """The message of `frames` (without the envelope's routing frames): tensors over the frames' memory."""
-    kind = envelope(frames[0])[0]
-    body = getattr(frames[1], "buffer", frames[1])
-    buffers = [getattr(f, "buffer", f) for f in frames[2:]]
-    if _mode_on():
+    head = memoryview(getattr(frames[0], "buffer", frames[0]))
+    kind = _ENVELOPE.unpack_from(head)[0]
+    buffers = [getattr(f, "buffer", f) for f in frames[1:]]
+    if _mode_on():  # tensors are made over the frames here, not by a placement scope's rules
         with torch._C.DisableTorchFunction():
-            value = pickle.loads(body, buffers=buffers)
-    else:
-        value = pickle.loads(body, buffers=buffers)
+            return _message(kind, head, buffers)
+    return _message(kind, head, buffers)
+
+
+def _message(kind: int, head: memoryview, buffers: List[Any]) -> Any:
+    if kind == FLAT_CALL:
+        return Call(*wire_flat.read_call(head, _ENVELOPE.size, buffers))
+    if kind == FLAT_REPLY:
+        return Reply(wire_flat.read_reply(head, _ENVELOPE.size, buffers))
+    value = pickle.loads(head[_ENVELOPE.size:], buffers=buffers)
     if kind == CALL:
         return Call(*value)
     return Reply(value) if kind == REPLY else value

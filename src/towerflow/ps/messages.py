@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 
+from towerflow.cluster import wire
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import RowOptimizer
@@ -32,6 +33,7 @@ def _endpoint_function(name: str) -> Callable:
     return getattr(importlib.import_module(ENDPOINTS_MODULE), name)
 
 
+@wire.names_a_function
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
     """A function of the ps's endpoints module, by name: it pickles as a reference that the ps unpickles
@@ -52,6 +54,7 @@ class Endpoints:
     rejoin = Endpoint("rejoin")
     pull = Endpoint("pull")
     push_pull = Endpoint("push_pull")
+    push_pull_flat = Endpoint("push_pull_flat")  # a dense step as plain values: no pickle on the wire
     attach_link = Endpoint("attach_link")
     read_rows = Endpoint("read_rows")
     finish = Endpoint("finish")
@@ -151,6 +154,16 @@ class PushPull:
     rows: Optional[RowPush] = None
     kind: str = "grad"
 
+    def flat(self) -> tuple:
+        """A dense step as plain values, which the wire lays out without pickle (cluster/wire_flat.py)."""
+        return (self.worker, self.ticket.step, self.ticket.gap, self.lr, self.clock, self.after_step, self.kind,
+                *self.grads)
+
+    @classmethod
+    def from_flat(cls, values: Sequence[Any]) -> "PushPull":
+        worker, step, gap, lr, clock, after_step, kind, *grads = values
+        return cls(worker, Ticket(step, gap), grads, lr, clock, after_step, None, kind)
+
 
 @dataclasses.dataclass(frozen=True)
 class Pulled:
@@ -175,6 +188,16 @@ class PushPulled:
 
     outcome: PushOutcome
     pulled: Pulled
+
+    def flat(self) -> tuple:
+        """The reply as plain values (see `PushPull.flat`)."""
+        o, p = self.outcome, self.pulled
+        return (o.kind, o.staleness, o.global_step, p.ticket.step, p.ticket.gap, *p.values)
+
+    @classmethod
+    def from_flat(cls, values: Sequence[Any]) -> "PushPulled":
+        kind, staleness, global_step, step, gap, *pulled = values
+        return cls(PushOutcome(kind, staleness, global_step), Pulled(Ticket(step, gap), pulled))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -243,6 +243,21 @@ def pull(model: str, worker: int, clock: int, after_step: int = 0) -> torch.futu
 def push_pull(model: str, request: PushPull) -> torch.futures.Future:
     """One training step in one round trip: a future of `PushPulled`."""
     return _get(model).push_pull(request)
+
+
+@_transport.deferred
+def push_pull_flat(model: str, *request: Any) -> torch.futures.Future:
+    """`push_pull` of a dense step sent as plain values (`PushPull.flat`): a future of the reply's (`PushPulled.flat`)."""
+    step = _get(model).push_pull(PushPull.from_flat(request))
+    reply: torch.futures.Future = torch.futures.Future()
+
+    def flatten(done: torch.futures.Future) -> None:  # not `then`: it would wrap a refusal in a RuntimeError
+        try:
+            reply.set_result(done.value().flat())
+        except Exception as e:
+            reply.set_exception(e)
+    step.add_done_callback(flatten)
+    return reply
 
 
 def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:

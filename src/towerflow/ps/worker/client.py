@@ -49,6 +49,16 @@ def _lost_as_pslost(ch: Channel) -> Iterator[None]:
         raise
 
 
+class _FlatStep:
+    """A dense step sent as plain values (`PushPull.flat`) on a direct channel: its reply read as a `PushPulled`."""
+
+    def __init__(self, call):
+        self.call = call
+
+    def result(self, idle: Optional[Callable[[], None]] = None) -> PushPulled:
+        return PushPulled.from_flat(self.call.result(idle))
+
+
 class PSClient:
     """This worker's calls to the ps tasks of one model, its clock, and its counters."""
 
@@ -193,6 +203,8 @@ class PSClient:
                 return linked.push_pull(ch.link, slot, request)
             if ch.direct is None:
                 ch.direct = _transport.direct_channel(ch.to)
+            if request.rows is None:
+                return _FlatStep(ch.direct.call(Endpoints.push_pull_flat, self.model_name, *request.flat()))
             return ch.direct.call(Endpoints.push_pull, self.model_name, request)
 
     def wait(self, ch: Channel, future) -> Any:
