@@ -33,7 +33,7 @@ RESULTS = os.path.join(HERE, "results")
 def _command(job: str, replicas: int, args) -> list:
     launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--ps-replicas", str(replicas)]
     if job == "mlp":
-        return launch + [os.path.join(HERE, "_replicas_task.py"), str(args.mlp_steps)]
+        return launch + [os.path.join(HERE, "_replicas_task.py"), str(args.mlp_steps), str(args.mlp_hidden)]
     return launch + [os.path.join(REPO, "examples", "ctr_ps.py"), "--rows", str(args.rows), "--steps",
                      str(args.ctr_steps), "--test-size", "2000"]
 
@@ -64,6 +64,7 @@ def main(argv=None) -> dict:
     p.add_argument("--launches", type=int, default=5, help="launches of each job and setting, interleaved")
     p.add_argument("--jobs", default="mlp,ctr")
     p.add_argument("--mlp-steps", type=int, default=2000)
+    p.add_argument("--mlp-hidden", type=int, default=256, help="mlp: the hidden layers' width (256: 84,490 parameters)")
     p.add_argument("--ctr-steps", type=int, default=150)
     p.add_argument("--rows", type=int, default=200_000, help="ctr: rows per table")
     p.add_argument("--timeout", type=float, default=300)

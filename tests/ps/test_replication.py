@@ -64,10 +64,10 @@ def _service(policy, num_workers=1, tables=None, values=None):
                         num_workers, tables)
 
 
-def _replicated(service, link, backup="ps:1", renew_every=0):
+def _replicated(service, link, backup="ps:1"):
     said = []
     replica = Replicator("model", 0, "ps:0", 1, service._lock, lambda: _snapshot.take(service), link.call,
-                         lambda e: isinstance(e, Lost), link.wait_for_restart, said.append, renew_every=renew_every)
+                         lambda e: isinstance(e, Lost), link.wait_for_restart, said.append)
     service.replica = replica
     link.mirrors[backup] = Mirror("model", 0)
     replica.seed(backup)
@@ -213,16 +213,14 @@ def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again(
     _same(primary, link.mirrors["ps:1:r1"])
 
 
-@pytest.mark.parametrize("renew_every", [0, 4], ids=["applied-as-they-come", "held-unapplied"])
 @pytest.mark.parametrize("lost_before_ack", [False, True])
-def test_a_primary_restored_from_its_mirror_continues_exactly_as_the_unkilled_one(lost_before_ack, renew_every):
+def test_a_primary_restored_from_its_mirror_continues_exactly_as_the_unkilled_one(lost_before_ack):
     """The primary dies with one push forwarded (acked or not): a fresh service restored from the mirror, then
-    given the pushes the mirror does not count, ends equal to a primary that never died (whether the mirror
-    applied each op as it came or held them until the restore asked)."""
+    given the pushes the mirror does not count, ends equal to a primary that never died."""
     reference = _service(SyncPolicy(2, 2), 2)
     link = FakeLink()
     primary = _service(SyncPolicy(2, 2), 2)
-    _replicated(primary, link, renew_every=renew_every)
+    _replicated(primary, link)
     pushes = [(w, Ticket(s), _grads(primary, 10 * s + w)) for s in range(3) for w in (0, 1)]
     for w, t, g in pushes[:3]:
         reference.push(w, t, g, 0.1)
@@ -291,37 +289,3 @@ def test_ps_replicas_are_one_or_two_with_enough_ps_tasks(replicas, num_ps, ok):
     else:
         with pytest.raises(ParameterServerError, match=rf"ps_replicas={replicas!r} with {num_ps} ps task"):
             check_ps_replicas(replicas, num_ps)
-
-
-@pytest.mark.parametrize("policy", [AsyncPolicy(), SyncPolicy(2, 2), SSPPolicy(1)], ids=["async", "sync", "ssp"])
-def test_renewed_seeds_spare_the_mirror_every_op_and_it_still_ends_equal(policy):
-    """A primary that sends a new seed every 3 ops: the mirror holds the ops without applying them, drops them
-    at each seed, and once asked for its state equals the primary, whatever order the frames came in."""
-    link = FakeLink()
-    primary = _service(policy, num_workers=2)
-    replica, _ = _replicated(primary, link, renew_every=3)
-    for step in range(6):
-        for w in (0, 1):
-            primary.push(w, Ticket(primary.coordinator.global_step, gap=w if isinstance(policy, SSPPolicy) else 0),
-                         _grads(primary, 10 * step + w), 0.1)
-        link.flush(order=list(reversed(range(len(link.queue)))))
-    mirror = link.mirrors["ps:1"]
-    held = mirror.metrics()
-    assert replica.renewals >= 3
-    assert held["applied"] == 0 and held["queued"] <= 4  # the last seed and the ops after it, none applied
-    assert held["held"] == replica.seq  # every op acknowledged all the same
-    _same(primary, mirror)
-
-
-def test_a_mirror_whose_seeds_stop_coming_applies_ops_past_twice_the_interval():
-    """Were the primary's renewals to stop, the mirror's held ops stay bounded: past 2K they are applied."""
-    link = FakeLink()
-    primary = _service(AsyncPolicy())
-    replica, _ = _replicated(primary, link, renew_every=2)
-    replica._renew_every = 10 ** 9  # no more renewals: the mirror still expects one every 2 ops
-    for step in range(9):
-        primary.push(0, Ticket(primary.coordinator.global_step), _grads(primary, step), 0.1)
-    link.flush()
-    held = link.mirrors["ps:1"].metrics()
-    assert held["queued"] <= 4 and held["applied"] >= 6
-    _same(primary, link.mirrors["ps:1"])

@@ -105,11 +105,9 @@ class ServiceSnapshot:
 
 @dataclasses.dataclass(frozen=True)
 class SeedOp:
-    """Replace the mirror with this snapshot; the ops numbered after it follow. `renewed_every` > 0: the primary
-    sends a new seed after that many ops, so the mirror may hold ops without applying them until then."""
+    """Replace the mirror with this snapshot; the ops numbered after it follow."""
 
     snapshot: ServiceSnapshot
-    renewed_every: int = 0
 
 
 ReplicaOp = Union[PushOp, FinishOp, RejoinOp, LoadStateOp, RowsReadOp, SeedOp]

@@ -41,7 +41,6 @@ _restored: Dict[str, set] = collections.defaultdict(set)
 _restore_waits: Dict[tuple, List[torch.futures.Future]] = collections.defaultdict(list)
 _mirrors: Dict[tuple, Mirror] = {}  # (model, primary task) -> this task's mirror of that primary's part
 _registry_lock = threading.Lock()
-_RENEW_EVERY = 64  # ops between two seeds of a backup, for a part without tables (replication.py)
 
 
 def services() -> Dict[str, ShardService]:
@@ -100,8 +99,7 @@ def _replicate(model: str, task: int, service: ShardService, backup_task: int, r
             lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
             _transport.is_peer_lost,
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause),
-            direct=_direct_sender(server, model, task, backup_task, service),
-            renew_every=0 if service.tables else _RENEW_EVERY)
+            direct=_direct_sender(server, model, task, backup_task, service))
         service.replica = replica
     elif not reseed:
         return

@@ -8,11 +8,6 @@ feeds the mirror, is ignored), applies the ops strictly in their numbers' order,
 frame with the last number it holds in order: the primary's acknowledgement. The thread a frame
 arrives on applies what it made ready, unless another thread is applying already (then it leaves
 the ops to that one and answers at once): no thread of its own, so no wake-up per op.
-
-A primary that renews its seed every K ops (a part without embedding tables, whose snapshot is
-small) spares the mirror the work: the ops are held, not applied, each new seed replaces the ones
-before it, and only a request for the mirror's state (a restore) applies what is held then; were
-the seeds to stop coming, ops past 2K are applied as they come.
 """
 
 from __future__ import annotations
@@ -41,7 +36,6 @@ class Mirror:
         self.error: Optional[BaseException] = None  # an op failed to apply: the mirror is no longer equal
         self._early: Dict[int, ReplicaFrame] = {}  # frames that came before their predecessors
         self._queue: Deque[Tuple[int, ReplicaOp]] = collections.deque()  # held in order, not applied yet
-        self._most_held = 0  # ops held unapplied before the thread they arrive on applies them (seeds renewed: 2K)
         self._applying = False
         self._lock = threading.Condition()
 
@@ -53,9 +47,7 @@ class Mirror:
             if isinstance(frame.op, SeedOp):
                 self.fed_by, self.seq = frame.sender, frame.seq
                 self._early = {s: f for s, f in self._early.items() if f.sender == frame.sender and s > frame.seq}
-                self._queue.clear()  # what it held before is in the seed
                 self._queue.append((frame.seq, frame.op))
-                self._most_held = 2 * frame.op.renewed_every
             elif frame.sender == self.fed_by and frame.seq <= self.seq:
                 pass  # held already
             elif self.fed_by is None or frame.sender == self.fed_by:
@@ -65,21 +57,20 @@ class Mirror:
                 self.seq += 1
                 self._queue.append((self.seq, self._early.pop(self.seq).op))
             held = self.seq
-            applies = len(self._queue) > self._most_held and not self._applying
+            applies = bool(self._queue) and not self._applying
             self._applying = self._applying or applies
         if applies:
-            self._apply_queued(keep=self._most_held // 2)
+            self._apply_queued()
         if self.error is not None:
             future.set_exception(self.error)
         else:
             future.set_result(held)
         return future
 
-    def _apply_queued(self, keep: int = 0) -> None:
-        """Apply held ops in order until `keep` remain held."""
+    def _apply_queued(self) -> None:
         while True:
             with self._lock:
-                if len(self._queue) <= keep:
+                if not self._queue:
                     self._applying = False
                     self._lock.notify_all()
                     return
@@ -95,12 +86,7 @@ class Mirror:
             self.applied = seq
 
     def wait_applied(self, timeout: float = 60.0) -> None:
-        """Apply every op held so far, or wait for the thread applying them (ParameterServerError after `timeout` s)."""
-        with self._lock:
-            applies = bool(self._queue) and not self._applying
-            self._applying = self._applying or applies
-        if applies:
-            self._apply_queued()
+        """Block until every op held so far is applied (ParameterServerError after `timeout` s)."""
         with self._lock:
             if not self._lock.wait_for(lambda: not self._queue and not self._applying, timeout):
                 raise ParameterServerError(f"the mirror of /job:ps/task:{self.primary}'s part of {self.model!r} did not "

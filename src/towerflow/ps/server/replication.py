@@ -85,8 +85,7 @@ class Replicator:
     def __init__(self, model: str, task: int, sender: str, backup_task: int, lock: threading.Lock,
                  snapshot: Callable[[], ServiceSnapshot], call: Callable[[str, ReplicaFrame], torch.futures.Future],
                  is_lost: Callable[[BaseException], bool], wait_for_restart: Callable[[int, str, str], str],
-                 say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None,
-                 renew_every: int = 0):
+                 say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None):
         self.model, self.task, self.sender, self.backup_task = model, task, sender, backup_task
         self._service_lock = lock
         self._snapshot = snapshot
@@ -108,9 +107,6 @@ class Replicator:
         self._direct = direct
         self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
         self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
-        self._renew_every = renew_every  # > 0: a new seed after that many ops (the mirror then need not apply them)
-        self._seeded_at = 0  # the number of the last seed sent
-        self.renewals = 0
 
     # ---- under the service's lock
     def forward(self, op: ReplicaOp) -> None:
@@ -203,7 +199,6 @@ class Replicator:
         gates = [self._gate(worker) for _, _, worker in released]
         self._read_own_acks(max(gates, default=0))
         self._open_direct()
-        self._renew_if_due()
         if not released:
             return
         now = []
@@ -287,24 +282,8 @@ class Replicator:
                 self.seq += 1
                 self.seeds += 1
                 self.degraded_since = None
-                seq = self._seeded_at = self.seq
-            self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot, self._renew_every)))
-
-    def _renew_if_due(self) -> None:
-        """Send the backup a new seed once `renew_every` ops followed the last: its mirror then drops the ops it
-        held instead of applying each (a snapshot of a part without tables costs less than applying K ops)."""
-        if not self._renew_every or self.seq - self._seeded_at < self._renew_every:
-            return
-        with self._service_lock:  # between two ops: the state is whole
-            if self.backup is None or self.seq - self._seeded_at < self._renew_every:
-                return
-            snapshot = self._snapshot()
-            with self._lock:
-                self.seq += 1
-                self.renewals += 1
-                seq = self._seeded_at = self.seq
-                to = self.backup
-            self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot, self._renew_every)))
+                seq = self.seq
+            self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot)))
 
     # ---- reporting
     @property
@@ -324,5 +303,4 @@ class Replicator:
                 "degraded_s": round(time.monotonic() - self.degraded_since, 3) if self.degraded_since else 0.0,
                 "backup_losses": self.backup_losses,
                 "seeds": self.seeds,
-                "renewals": self.renewals,
             }
