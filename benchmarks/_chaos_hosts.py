@@ -1,5 +1,7 @@
-"""benchmarks/chaos.py's job on three network-namespace hosts (root): the ps and the two workers each on
-a host of its own under a launcher of its own, as on three machines (tests/multihost/netns.py).
+"""benchmarks/chaos.py's job on three network-namespace hosts (root), as on three machines
+(tests/multihost/netns.py): the ps and the two workers each on a host of its own, or, with
+`ps_replicas=2`, two ps tasks mirrored on each other on two hosts with a worker beside the second; a
+launcher per task.
 
 With `store="etcd"` every host also runs a member of a 3-member etcd cluster (tests/cluster/_etcd.py,
 data on tmpfs, as a machine's disk) that holds the rendezvous (`--store etcd://...`); a lost host
@@ -23,30 +25,36 @@ from netns import Hosts  # noqa: E402
 
 from chaos import Output, kill_pid  # noqa: E402
 
-_PLACES = (("ps", 0), ("worker", 0), ("worker", 1))  # host i runs _PLACES[i]
+# the tasks each host runs, one launcher each: 1 ps + 2 workers, or 2 ps whose parts are mirrored on each other
+# (on different hosts, so that a host's loss leaves every part a copy) + 2 workers
+_PLACES = {1: ((("ps", 0),), (("worker", 0),), (("worker", 1),)),
+           2: ((("ps", 0),), (("ps", 1), ("worker", 0)), (("worker", 1),))}
 
 
 class NamespaceHosts:
     """The cluster across three namespace hosts; a task or a whole host can be killed, a host started again."""
 
-    def __init__(self, work: Path, job_argv: List[str], env: Dict[str, str], store: Optional[str] = None):
+    def __init__(self, work: Path, job_argv: List[str], env: Dict[str, str], store: Optional[str] = None,
+                 ps_replicas: int = 1):
         self.hosts = Hosts(3, work)
         self.output = Output()
         self.work = work
         self.job_argv = job_argv
+        self.places = _PLACES[ps_replicas]
         self.env = {"TOWERFLOW_CLUSTER_TOKEN": "chaos-" + os.urandom(4).hex(), "PYTHONPATH": env["PYTHONPATH"]}
-        self.flags = ["--max-restarts", "1000", "--logdir", str(work / "logdir")]
+        self.flags = ["--max-restarts", "1000", "--logdir", str(work / "logdir"), "--ps-replicas", str(ps_replicas)]
         self.etcd: List = []
         self._etcd_data: Optional[Path] = None
         try:
             if store == "etcd":
                 self._start_etcd()
-            ports = (7100, 7101, 7102)
-            cluster = {"ps": [f"{self.hosts[0].name}:{ports[0]}"],
-                       "worker": [f"{self.hosts[1].name}:{ports[1]}", f"{self.hosts[2].name}:{ports[2]}"]}
+            cluster: Dict[str, list] = {}
+            for i, tasks in enumerate(self.places):
+                for job, index in tasks:
+                    cluster.setdefault(job, []).append((index, f"{self.hosts[i].name}:{7100 + len(cluster[job]) * 10 + i}"))
             self.cluster_file = work / "cluster.json"
-            self.cluster_file.write_text(json.dumps(cluster))
-            self.procs = [self._start(i) for i in range(3)]
+            self.cluster_file.write_text(json.dumps({job: [a for _, a in sorted(e)] for job, e in cluster.items()}))
+            self.procs = [[self._start(i, job, index) for job, index in tasks] for i, tasks in enumerate(self.places)]
         except BaseException:
             self.close()
             raise
@@ -72,37 +80,37 @@ class NamespaceHosts:
         argv = member_argv(f"m{i}", host.address, 2379, 2380, self._peers, self._etcd_data / f"m{i}", self.hosts.tag)
         return self.hosts.start(host, argv, f"etcd-m{i}-{len(self.hosts.procs)}")
 
-    def _start(self, i: int):
-        job, index = _PLACES[i]
+    def _start(self, i: int, job: str, index: int):
         proc = self.hosts.launch(self.hosts[i], self.cluster_file, job, index, self.job_argv, env=self.env,
                                  launch_flags=self.flags)
         self.output.follow(proc.log)
         return proc
 
     def running(self) -> bool:
-        return any(p.popen.poll() is None for p in self.procs)
+        return any(p.popen.poll() is None for procs in self.procs for p in procs)
 
     def targets(self) -> List[str]:
-        return [f"/job:{job}/task:{index}" for job, index in _PLACES]
+        return [f"/job:{job}/task:{index}" for tasks in self.places for job, index in tasks]
 
     def kill_task(self, task: str) -> bool:
         pid = self.output.pids().get(task)
         return pid is not None and kill_pid(pid)
 
     def kill_host(self, task: str) -> bool:
-        """Every process of the task's host dies (its launcher too); then its launcher starts again."""
-        i = self.targets().index(task)
-        if self.procs[i].popen.poll() is not None:
+        """Every process of the task's host dies (its launchers too); then its launchers start again."""
+        i = next(i for i, tasks in enumerate(self.places) if any(f"/job:{j}/task:{k}" == task for j, k in tasks))
+        if all(p.popen.poll() is not None for p in self.procs[i]):
             return False
-        self.procs[i].kill()
+        for p in self.procs[i]:
+            p.kill()
         if self.etcd:
             self.etcd[i].kill()
             self.etcd[i] = self._start_member(i)  # the machine's disk kept its data
-        self.procs[i] = self._start(i)
+        self.procs[i] = [self._start(i, job, index) for job, index in self.places[i]]
         return True
 
     def exit_code(self, timeout: float) -> int:
-        codes = [p.popen.wait(timeout) for p in self.procs]
+        codes = [p.popen.wait(timeout) for procs in self.procs for p in procs]
         return next((c for c in codes if c), 0)
 
     def close(self) -> None:

@@ -4,7 +4,8 @@
         [--steps 20000] [--mode async] [--ps 1] [--ps-replicas 1] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
 
 The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`
-(`--hosts 1`: `--ps N` ps tasks, and `--ps-replicas 2` to keep each ps task's part mirrored on another),
+(`--ps N` ps tasks, and `--ps-replicas 2` to keep each ps task's part mirrored on another; on 3 hosts
+`--ps 2 --ps-replicas 2` puts the two ps tasks on two hosts, a worker beside the second),
 a checkpoint every 100 global steps. An undisturbed run of the same job, the chaos run, and an
 undisturbed run again (the machine's load drifts); all run `--steps` global steps, so the efficiency
 is the undisturbed runs' mean wall time over the chaos run's (its global steps/s against theirs).
@@ -226,8 +227,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--every", type=float, default=30.0, help="seconds between kills")
     p.add_argument("--steps", type=int, default=20000, help="global steps of each run")
     p.add_argument("--mode", default="async", choices=("async", "sync", "ssp"))
-    p.add_argument("--ps", type=int, default=1, help="--hosts 1: how many ps tasks")
-    p.add_argument("--ps-replicas", type=int, default=1, choices=(1, 2), help="--hosts 1: each ps part's copies")
+    p.add_argument("--ps", type=int, default=1, help="how many ps tasks (--hosts 3: 1, or 2 with --ps-replicas 2)")
+    p.add_argument("--ps-replicas", type=int, default=1, choices=(1, 2), help="each ps part's copies")
     p.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
     p.add_argument("--seed", type=int, default=0, help="which task each kill picks")
     p.add_argument("--data", default=str(DATA), help="the MNIST IDX folder (the digits stand in without it)")
@@ -236,10 +237,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--out", help="keep the runs' logs and logdirs here")
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` or a scheduler's stop: close the job's processes
     if args.kill == "host" and args.hosts == 1:
         p.error("--kill host needs --hosts 3: with one host, losing it ends the job by definition")
-    if args.hosts == 3 and (args.ps != 1 or args.ps_replicas != 1):
-        p.error("--ps and --ps-replicas are for --hosts 1: the three hosts run 1 ps and 2 workers")
+    if args.hosts == 3 and args.ps != args.ps_replicas:
+        p.error("--hosts 3 runs 1 ps and 2 workers, or with --ps 2 --ps-replicas 2 two mirrored ps tasks and 2 workers")
     if args.ps_replicas == 2 and args.ps < 2:
         p.error("--ps-replicas 2 needs --ps 2 or more: a ps part is mirrored on another ps task")
     if args.store == "etcd" and args.hosts == 1:
@@ -260,7 +262,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
             from _chaos_hosts import NamespaceHosts
 
             store = None if args.store == "embedded" else args.store
-            make = lambda work=work: NamespaceHosts(work, job_argv, env, store)  # noqa: E731
+            make = lambda work=work: NamespaceHosts(work, job_argv, env, store, args.ps_replicas)  # noqa: E731
         results[name] = run_job(make, kill, args.every, args.timeout, random.Random(args.seed), args.max_kills)
         print(f"{name}: exit {results[name]['exit_code']}, {results[name]['wall_s']} s, accuracy "
               f"{results[name]['accuracy']}, {len(results[name]['kills'])} kills", flush=True)
