@@ -29,8 +29,8 @@ _ONE, _TUPLE = 0, 1  # a reply's value: one value, or a tuple of them
 _U16, _I64, _F64 = struct.Struct("<H"), struct.Struct("<q"), struct.Struct("<d")
 _TENSOR_HEAD = struct.Struct("<BB")  # dtype code, number of dimensions (then one int64 each)
 _MOST_VALUES = 255
-_MOST_FUNCTIONS = 4096
-_BATCH, _ALIGN = 8192, 64  # libzmq's send batch (ZMQ_OUT_BATCH_SIZE's default); the tensor bytes' alignment  # function references kept by a receiver (a program calls a fixed set)
+_MOST_FUNCTIONS = 4096  # function references kept by a receiver (a program calls a fixed set)
+_BATCH, _ALIGN = 8192, 64  # libzmq's send batch (ZMQ_OUT_BATCH_SIZE's default); the tensor bytes' alignment
 
 _KEPT = {types.FunctionType}  # callables whose pickled reference the sender keeps (see `keep_references_of`)
 _references: Dict[Any, bytes] = {}  # function -> its pickled reference (sender)
@@ -78,7 +78,7 @@ def reply_frames(envelope: bytes, value: Any) -> Optional[List[Any]]:
 
 
 def aligned(head: Any, buffers: List[Any]) -> List[Any]:
-    """The frames, the head padded so that a large first tensor starts 64 bytes into the message's wire bytes.
+    """The frames, the head padded so that a large first tensor starts a multiple of 64 bytes into the message.
 
     libzmq fills its 8 KB send batch with what precedes a large frame and then hands the kernel the rest of
     the frame from the tensor's own memory, starting where the batch ended. At some offsets the kernel's copy
