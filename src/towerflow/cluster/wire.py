@@ -90,14 +90,6 @@ _DTYPES, _CODE_OF = wire_flat.DTYPES, wire_flat.CODE_OF  # a dtype travels as it
 _NUMPY_DTYPES = frozenset(_DTYPES) - {torch.bfloat16}
 
 
-def _tensor(data: Any, code: int, shape: tuple) -> torch.Tensor:
-    """A received tensor over its frame's memory (the common case: a plain tensor of a listed dtype)."""
-    if len(data) == 0:
-        return torch.empty(shape, dtype=_DTYPES[code])
-    tensor = torch.frombuffer(data, dtype=_DTYPES[code])
-    return tensor if len(shape) == 1 else tensor.view(shape)
-
-
 def _rebuild(data: Any, dtype: torch.dtype, shape: tuple, requires_grad: bool, is_parameter: bool) -> torch.Tensor:
     """A received tensor over its frame's memory (or an empty one), with its autograd flag and Parameter type."""
     if len(data) == 0:
@@ -117,7 +109,7 @@ def _reduce_tensor(obj: torch.Tensor):
         except (RuntimeError, TypeError):
             array = None
         if array is not None and array.size and array.flags.c_contiguous:
-            return (_tensor, (pickle.PickleBuffer(array), _CODE_OF[obj.dtype], array.shape))
+            return (wire_flat.tensor_over, (pickle.PickleBuffer(array), _CODE_OF[obj.dtype], array.shape))
     if obj.layout != torch.strided:
         return obj.__reduce_ex__(5)  # a sparse tensor: its index and value tensors come back here
     tensor = obj.detach() if obj.requires_grad else obj
@@ -134,7 +126,7 @@ def _reduce_tensor(obj: torch.Tensor):
         data = pickle.PickleBuffer(tensor.reshape(-1).view(torch.uint8).numpy())
     code = _CODE_OF.get(dtype)
     if code is not None and type(obj) is torch.Tensor and not obj.requires_grad:
-        return (_tensor, (data, code, tuple(obj.shape)))
+        return (wire_flat.tensor_over, (data, code, tuple(obj.shape)))
     return (_rebuild, (data, dtype, tuple(obj.shape), obj.requires_grad, isinstance(obj, torch.nn.Parameter)))
 
 

@@ -37,6 +37,14 @@ _references: Dict[Any, bytes] = {}  # function -> its pickled reference (sender)
 _functions: Dict[bytes, Any] = {}  # pickled reference -> function (receiver)
 
 
+def tensor_over(data: Any, code: int, shape: tuple) -> torch.Tensor:
+    """A received tensor over its frame's memory (dtype `DTYPES[code]`), or an empty one for an empty frame."""
+    if len(data) == 0:
+        return torch.empty(shape, dtype=DTYPES[code])
+    tensor = torch.frombuffer(data, dtype=DTYPES[code])
+    return tensor if len(shape) == 1 else tensor.view(shape)
+
+
 def keep_references_of(cls: type) -> type:
     """Calls through instances of `cls` (immutable, hashable names of a function, which pickle as a reference to
     it) are laid out here, each instance's pickled form kept as a function's is."""
@@ -169,13 +177,8 @@ def _get(head: memoryview, offset: int, buffers: Sequence[Any]) -> tuple:
             offset += 2
             shape = struct.unpack_from(f"<{ndim}q", head, offset)
             offset += 8 * ndim
-            data = buffers[frame]
+            values.append(tensor_over(buffers[frame], code, shape))
             frame += 1
-            if len(data) == 0:
-                values.append(torch.empty(shape, dtype=DTYPES[code]))
-            else:
-                tensor = torch.frombuffer(data, dtype=DTYPES[code])
-                values.append(tensor if ndim == 1 else tensor.view(shape))
         elif tag == _INT:
             values.append(_I64.unpack_from(head, offset)[0])
             offset += 8

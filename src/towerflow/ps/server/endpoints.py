@@ -20,7 +20,7 @@ from towerflow.cluster import server as _server
 from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
-from towerflow.ps.messages import CreateShards, Endpoints, PushOutcome, PushPull, RowRead, Ticket
+from towerflow.ps.messages import CreateShards, Endpoints, PushOutcome, PushPull, PushPulled, RowRead, Ticket
 from towerflow.ps.replication_messages import MirrorState, ReplicaFrame
 from towerflow.ps.server import linked as _linked
 from towerflow.ps.server import mirror_link as _mirror_link
@@ -248,16 +248,7 @@ def push_pull(model: str, request: PushPull) -> torch.futures.Future:
 @_transport.deferred
 def push_pull_flat(model: str, *request: Any) -> torch.futures.Future:
     """`push_pull` of a dense step sent as plain values (`PushPull.flat`): a future of the reply's (`PushPulled.flat`)."""
-    step = _get(model).push_pull(PushPull.from_flat(request))
-    reply: torch.futures.Future = torch.futures.Future()
-
-    def flatten(done: torch.futures.Future) -> None:  # not `then`: it would wrap a refusal in a RuntimeError
-        try:
-            reply.set_result(done.value().flat())
-        except Exception as e:
-            reply.set_exception(e)
-    step.add_done_callback(flatten)
-    return reply
+    return _linked.mapped(_get(model).push_pull(PushPull.from_flat(request)), PushPulled.flat)
 
 
 def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:

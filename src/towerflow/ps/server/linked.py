@@ -17,7 +17,7 @@ from towerflow.cluster import shm_link
 from towerflow.ps.messages import Pulled, PushPull, PushPulled
 
 
-def _mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
+def mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
     """A future of fn(future's value), failing with the very exception `future` fails with (`.then` would wrap
     it in a plain RuntimeError, and the worker could no longer tell what failed)."""
     out: torch.futures.Future = torch.futures.Future()
@@ -39,7 +39,7 @@ def handler(service_of: Callable[[], object]) -> shm_link.Handler:
         future = service_of().push_pull(dataclasses.replace(header, grads=grads))
         if future.done():  # answered now (async): reply without a callback chain
             return _into(future.value(), reply)
-        return _mapped(future, lambda result: _into(result, reply))
+        return mapped(future, lambda result: _into(result, reply))
 
     return handle
 
