@@ -4,6 +4,7 @@ connection the test drives (frames pickled as the wire would, acknowledged when 
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 
 import pytest
@@ -34,17 +35,20 @@ class FakeLink:
         self.mirrors = {}  # backup name -> Mirror
         self.queue = []  # (to, frame, future)
         self.restarted = {}  # backup task -> the name its next incarnation has
+        self._lock = threading.Lock()  # a reseed queues its frame from the watcher thread
 
     def call(self, to, frame):
         future = torch.futures.Future()
-        self.queue.append((to, pickle.loads(pickle.dumps(frame)), future))
+        with self._lock:
+            self.queue.append((to, pickle.loads(pickle.dumps(frame)), future))
         return future
 
     def flush(self, order=None):
         """Deliver the queued frames, in `order` (indices into the queue; the others stay queued)."""
-        queue = self.queue
-        order = range(len(queue)) if order is None else order
-        self.queue = [f for i, f in enumerate(queue) if i not in set(order)]
+        with self._lock:
+            queue = self.queue
+            order = range(len(queue)) if order is None else order
+            self.queue = [f for i, f in enumerate(queue) if i not in set(order)]
         for i in order:
             to, frame, future = queue[i]
             mirror = self.mirrors.get(to)
@@ -200,10 +204,8 @@ def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again(
     link.mirrors["ps:1:r1"] = Mirror("model", 0)
     link.flush()  # the frame fails: the reply goes at once, and the watcher seeds the new incarnation
     assert reply.done() and "going on unreplicated" in said[0]
-    for _ in range(100):  # the watcher thread seeds, then the seed is delivered
-        if replica.backup == "ps:1:r1":
-            break
-
+    deadline = time.monotonic() + 10
+    while replica.backup != "ps:1:r1" and time.monotonic() < deadline:  # the watcher thread seeds
         time.sleep(0.01)
     assert replica.backup == "ps:1:r1" and replica.backup_losses == 1
     link.flush()
