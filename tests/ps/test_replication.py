@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from towerflow.ps.layout import plan_layout
-from towerflow.errors import ParameterServerError
+from towerflow.errors import ClusterTimeoutError, ParameterServerError, PeerLostError
 from towerflow.ps.messages import PushPull, RowPush, RowRead, Ticket
 from towerflow.ps.replication_messages import check_ps_replicas
 from towerflow.ps.server import snapshot as _snapshot
@@ -213,6 +213,55 @@ def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again(
     link.flush()
     assert reply.done()
     _same(primary, link.mirrors["ps:1:r1"])
+
+
+def _lose_backup_then_wait(replica, link, primary, deadline_s=10.0):
+    """Lose the backup under a push, and wait until the watcher is done: it seeded a new backup or gave up."""
+    del link.mirrors["ps:1"]
+    reply = primary.push_pull(PushPull(0, primary.pull(0).wait().ticket, _grads(primary, 1), None, 1))
+    link.flush()
+    deadline = time.monotonic() + deadline_s
+    while replica._watching and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return reply
+
+
+def test_a_store_error_while_waiting_for_the_backup_is_retried_not_the_end_of_replication():
+    """The wait for the backup's restart reads the cluster's store, which can fail for a moment (an etcd leader
+    change, a connection reset): the watcher asks again until the backup is back, then seeds it."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, said = _replicated(primary, link)
+    replica.retry_every = 0.01
+    answers = [RuntimeError("store unreachable"), ClusterTimeoutError("not back within 1 s"), "ps:1:r1"]
+
+    def wait_for_restart(task, lost, cause):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        link.mirrors[answer] = Mirror("model", 0)
+        return answer
+
+    replica._wait_for_restart = wait_for_restart
+    reply = _lose_backup_then_wait(replica, link, primary)
+    assert reply.done() and replica.backup == "ps:1:r1" and not answers
+    assert sum("still waiting" in line for line in said) == 2
+    link.flush()
+    _same(primary, link.mirrors["ps:1:r1"])
+
+
+def test_a_backup_that_will_not_be_restarted_ends_the_watch_with_the_reason():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, said = _replicated(primary, link)
+
+    def wait_for_restart(task, lost, cause):
+        raise PeerLostError("lost /job:ps/task:1, and it will not be restarted (0 of 0 restarts used)")
+
+    replica._wait_for_restart = wait_for_restart
+    reply = _lose_backup_then_wait(replica, link, primary)
+    assert reply.done() and replica.backup is None and not replica._watching
+    assert "will not be back" in said[-1] and "0 of 0 restarts used" in said[-1] and "stays unreplicated" in said[-1]
 
 
 @pytest.mark.parametrize("lost_before_ack", [False, True])

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from towerflow.errors import PeerLostError
 from towerflow.ps.replication_messages import PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot
 
 # (a reply's future, its value, the worker it goes to: None for a reply nobody could send again)
@@ -104,6 +105,7 @@ class Replicator:
         self.backup_losses = 0
         self.degraded_since: Optional[float] = time.monotonic()
         self._watching = False
+        self.retry_every = 1.0  # the first pause before asking again whether a lost backup is back
         self._direct = direct
         self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
         self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
@@ -256,18 +258,30 @@ class Replicator:
             self.watch(to, str(error))
 
     def watch(self, lost_name: str, cause: str) -> None:
-        """In a thread: wait for the backup task's next incarnation, then seed it (an error ends the watch)."""
+        """In a thread: wait for the backup task's next incarnation, then seed it. Only the news that it will not
+        be restarted ends the watch: a store that failed or a backup slow to come back is waited for again."""
         if self._watching:
             return
         self._watching = True
 
         def run() -> None:
             try:
-                back = self._wait_for_restart(self.backup_task, lost_name, cause)
-                self.seed(back)
-            except Exception as e:
-                self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} is not back ({e}); "
-                          f"/job:ps/task:{self.task}'s part stays unreplicated")
+                pause = self.retry_every
+                while True:
+                    try:
+                        back = self._wait_for_restart(self.backup_task, lost_name, cause)
+                    except PeerLostError as e:
+                        self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} will not be back "
+                                  f"({e}); /job:ps/task:{self.task}'s part stays unreplicated")
+                        return
+                    except Exception as e:
+                        self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} is not back yet "
+                                  f"({type(e).__name__}: {e}); still waiting for it")
+                        time.sleep(pause)
+                        pause = min(2 * pause, 30.0)
+                        continue
+                    self.seed(back)
+                    return
             finally:
                 self._watching = False
 
