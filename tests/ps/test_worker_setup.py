@@ -70,5 +70,7 @@ def test_the_launcher_has_ps_tasks_serve_unless_told_to_run_the_script_there():
     # the script's folder on the ps's import path, as `python train.py` would have it
     assert argv[("ps", 0)] == [sys.executable, "-m", PS_SERVE_MODULE, "--import-path", os.getcwd()]
     assert argv[("worker", 0)] == argv[("worker", 1)] == script
+    # the launcher stops a ps that only serves once every worker has exited 0; a script's own ps runs to its end
+    assert [(t.job, t.serves_only) for t in plan.tasks] == [("worker", False), ("worker", False), ("ps", True)]
     plan = plan_local(script, ps=1, workers=1, ps_argv=script)
-    assert all(t.argv == script for t in plan.tasks)
+    assert all(t.argv == script and not t.serves_only for t in plan.tasks)

@@ -152,7 +152,8 @@ def _local_plan(
             logdir=logdir, device=device, token=token, store=store or store_address,
         )
         env.update(interface_environment(_addresses.binding_for(cluster, t.job, t.task, here)))
-        tasks.append(TaskProcessSpec(t.job, t.task, argv_of(t.job, script_argv, ps_argv), env))
+        tasks.append(TaskProcessSpec(t.job, t.task, argv_of(t.job, script_argv, ps_argv), env,
+                                     serves_only=t.job == "ps" and ps_argv is None))
     # all-reduce replicas (no ps) share one process group that a lost member breaks: restart all of them
     scope = "group" if not counts["ps"] and len(tasks) > 1 else "task"
     return LaunchPlan(cluster, tasks, store_address, token, scope, reservation)

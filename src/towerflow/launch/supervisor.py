@@ -33,6 +33,7 @@ STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 RESTART_SCOPES = ("task", "group")
 EXITING_GRACE_S = 3.0  # how long a task that reported its own failure gets to exit by itself (_fail)
 _HOLD_S = 3.0  # how long a transport warning waits for a failure to become known before it is printed
+SERVE_GRACE_S = 5.0  # how long tasks that only serve others may outlive every task they serve (_served)
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -54,6 +55,7 @@ class TaskProcessSpec:
     argv: List[str]
     env: Dict[str, str]
     unset: Tuple[str, ...] = ()  # variables of the launcher's environment this task must not inherit
+    serves_only: bool = False  # it only serves the other tasks (a ps running the launcher's ps program)
 
     @property
     def label(self) -> str:
@@ -238,6 +240,7 @@ class Supervisor:
             return self._failed
 
     def _watch(self) -> int:
+        served_at: Optional[float] = None  # when every task that trains had exited 0
         while True:
             for r in self._running:
                 r.release_held()
@@ -246,6 +249,10 @@ class Supervisor:
                 for r in self._running:
                     r.finish_output()
                 return 0
+            if served_at is None and self._served(codes):
+                served_at = time.monotonic()
+            if served_at is not None and time.monotonic() - served_at > SERVE_GRACE_S and self._served(codes):
+                return self._stop_servers()
             # A task killed by a signal usually caused the others' errors (a collective whose peer
             # vanished): when several are seen at once, it is the one to report and act on.
             failed = sorted((i for i, c in enumerate(codes) if c not in (None, 0)), key=lambda i: codes[i] >= 0)
@@ -264,6 +271,24 @@ class Supervisor:
                 self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
                           f"{self.max_restarts}) as pid {self._running[i].proc.pid}{_verdict.restart_note(r.report_path)}")
             time.sleep(0.05)
+
+    def _served(self, codes: Sequence[Optional[int]]) -> bool:
+        """Whether every task that trains has exited 0 while some that only serve them still run."""
+        trains = [c for r, c in zip(self._running, codes) if not r.spec.serves_only]
+        serving = [c for r, c in zip(self._running, codes) if r.spec.serves_only]
+        return bool(trains) and all(c == 0 for c in trains) and any(c is None for c in serving)
+
+    def _stop_servers(self) -> int:
+        """Every task that trains exited 0 and the ps tasks did not follow: they are waiting for tasks that will
+        never join (a script that ended before it built its strategy, as with --help). Nothing is left to serve."""
+        waiting = [r for r in self._running if r.proc.poll() is None]
+        self._say(f"every training task exited 0 and {', '.join(r.spec.name for r in waiting)} still waited after "
+                  f"{SERVE_GRACE_S:g} s (for tasks that never joined the cluster: a script that exits before it builds "
+                  "its strategy, such as with --help); stopping it: nothing is left to serve")
+        for r in waiting:
+            r.stopped = True
+        self.stop_all()
+        return 0
 
     def _fail(self, r: _Running) -> int:
         """No restarts left: stop the others, say who failed first (verdict.py), return the exit code."""

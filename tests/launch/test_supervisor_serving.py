@@ -1,0 +1,66 @@
+"""Tasks that only serve the others (ps tasks running the launcher's ps program) end with the tasks they serve.
+
+A training script that exits 0 before it joins the cluster (`--help`, a dry run) leaves the ps waiting for
+workers that will never come: the launcher stops it and the launch succeeds, instead of the ps timing out
+with an error a minute later. A ps that ends by itself, or a task the user runs on ps slots themselves, is
+left alone.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+
+import pytest
+
+from towerflow.launch import supervisor
+from towerflow.launch.supervisor import Supervisor, TaskProcessSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+EXITS_AT_ONCE = [sys.executable, "-c", "print('usage: train.py [--steps N]')"]
+SERVES_FOREVER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+ENDS_AFTER = [sys.executable, "-c", "import time; time.sleep(1.0)"]
+
+
+def _run(tasks, grace=0.5):
+    out, err = io.StringIO(), io.StringIO()
+    before, supervisor.SERVE_GRACE_S = supervisor.SERVE_GRACE_S, grace
+    try:
+        sup = Supervisor(tasks, out=out, err=err)
+        started = time.monotonic()
+        code = sup.run()
+        return code, time.monotonic() - started, out.getvalue(), err.getvalue(), sup
+    finally:
+        supervisor.SERVE_GRACE_S = before
+
+
+def test_a_ps_left_waiting_by_workers_that_never_joined_is_stopped_and_the_launch_succeeds():
+    code, took, out, err, sup = _run([
+        TaskProcessSpec("worker", 0, EXITS_AT_ONCE, {}),
+        TaskProcessSpec("worker", 1, EXITS_AT_ONCE, {}),
+        TaskProcessSpec("ps", 0, SERVES_FOREVER, {}, serves_only=True),
+    ])
+    assert code == 0, err
+    assert "usage: train.py" in out
+    assert "every training task exited 0 and /job:ps/task:0 still waited" in err and "such as with --help" in err
+    assert took < 15
+    assert all(r.proc.poll() is not None for r in sup._running)  # nothing outlives the launch
+
+
+def test_a_ps_that_ends_by_itself_is_not_stopped():
+    code, _, _, err, _ = _run([
+        TaskProcessSpec("worker", 0, EXITS_AT_ONCE, {}),
+        TaskProcessSpec("ps", 0, ENDS_AFTER, {}, serves_only=True),
+    ], grace=10)
+    assert code == 0 and "still waited" not in err, err
+
+
+def test_a_task_of_the_users_own_on_a_ps_slot_is_waited_for():
+    """ps tasks running the user's program (ps_argv) may have work of their own after the workers: not stopped."""
+    code, took, _, err, _ = _run([
+        TaskProcessSpec("worker", 0, EXITS_AT_ONCE, {}),
+        TaskProcessSpec("ps", 0, [sys.executable, "-c", "import time; time.sleep(2.0)"], {}),
+    ], grace=0.2)
+    assert code == 0 and "still waited" not in err and took >= 1.5, err
