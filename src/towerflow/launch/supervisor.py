@@ -73,6 +73,8 @@ class _Running:
         # every task learns how many restarts are allowed: peers of a silent task wait that long for it
         env = {**_env.inherited(spec.unset), **spec.env, "PYTHONUNBUFFERED": "1", _env.ENV_MAX_RESTARTS: str(max_restarts),
                _env.ENV_ERROR_FILE: self.report_path}
+        # a task that crashes in native code (a segfault, an abort) prints its Python threads' stacks first
+        env.setdefault("PYTHONFAULTHANDLER", "1")
         self.spec = spec
         self.restarts = restarts
         self.stopped = False  # the launcher stopped it

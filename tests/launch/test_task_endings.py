@@ -1,9 +1,10 @@
-"""Tasks that only serve the others (ps tasks running the launcher's ps program) end with the tasks they serve.
+"""How the launcher ends tasks that do not end as planned.
 
-A training script that exits 0 before it joins the cluster (`--help`, a dry run) leaves the ps waiting for
-workers that will never come: the launcher stops it and the launch succeeds, instead of the ps timing out
+Tasks that only serve the others (ps tasks running the launcher's ps program) end with the tasks they serve:
+a training script that exits 0 before it joins the cluster (`--help`, a dry run) leaves the ps waiting for
+workers that will never come, so the launcher stops it and the launch succeeds, instead of the ps timing out
 with an error a minute later. A ps that ends by itself, or a task the user runs on ps slots themselves, is
-left alone.
+left alone. A task that crashes in native code prints its Python stacks before it dies.
 """
 
 from __future__ import annotations
@@ -64,3 +65,12 @@ def test_a_task_of_the_users_own_on_a_ps_slot_is_waited_for():
         TaskProcessSpec("ps", 0, [sys.executable, "-c", "import time; time.sleep(2.0)"], {}),
     ], grace=0.2)
     assert code == 0 and "still waited" not in err and took >= 1.5, err
+
+
+def test_a_task_that_crashes_in_native_code_shows_where_its_python_was():
+    """Aborts and segfaults bypass Python's error handling: the launcher has each task print its stacks then."""
+    crash = [sys.executable, "-c", "import os\ndef load_the_batch():\n    os.abort()\nload_the_batch()"]
+    code, _, _, err, _ = _run([TaskProcessSpec("worker", 0, crash, {})])
+    assert code == 128 + 6, err
+    assert "Fatal Python error: Aborted" in err and "load_the_batch" in err, err
+    assert "/job:worker/task:0" in err and "killed by signal 6" in err, err
