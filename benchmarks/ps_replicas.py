@@ -10,8 +10,10 @@ interleaved (1, 2, 1, 2, ...) so both see the same machine load:
 * `ctr`: examples/ctr_ps.py, the DLRM with 26 sparse tables on the ps tasks (`--rows` per table, batch
   1024 per worker, lazy Adam on the rows); total samples/s of both workers.
 
-Prints each launch's rate, the medians and the ratio, with the load average before and after, and
-writes the raw numbers to benchmarks/results/ps_replicas.json (atomically).
+`--settings 1,2,2@64` adds a setting with asynchronous replication (`--ps-replica-lag 64`); the settings
+rotate from launch to launch. Prints each launch's rate, the medians and each setting's ratio to the
+first, with the load average before and after, and writes the raw numbers to
+benchmarks/results/ps_replicas.json (atomically).
 """
 
 from __future__ import annotations
@@ -30,8 +32,17 @@ REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
 
-def _command(job: str, replicas: int, args) -> list:
+def _setting(text: str) -> tuple:
+    """'R' or 'R@LAG': --ps-replicas R, and --ps-replica-lag LAG when given."""
+    replicas, _, lag = text.partition("@")
+    return int(replicas), (int(lag) if lag else None)
+
+
+def _command(job: str, setting: str, args) -> list:
+    replicas, lag = _setting(setting)
     launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--ps-replicas", str(replicas)]
+    if lag is not None:
+        launch += ["--ps-replica-lag", str(lag)]
     if job == "mlp":
         return launch + [os.path.join(HERE, "_replicas_task.py"), str(args.mlp_steps), str(args.mlp_hidden)]
     return launch + [os.path.join(REPO, "examples", "ctr_ps.py"), "--rows", str(args.rows), "--steps",
@@ -47,14 +58,14 @@ def _rate(job: str, output: str) -> float:
     return sum(rates)
 
 
-def run(job: str, replicas: int, args) -> float:
+def run(job: str, setting: str, args) -> float:
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
     if job == "mlp":
         env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(_command(job, replicas, args), cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run(_command(job, setting, args), cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=args.timeout)
     if done.returncode != 0:
-        raise RuntimeError(f"{job} --ps-replicas {replicas} exited {done.returncode}:\n{done.stdout[-4000:]}"
+        raise RuntimeError(f"{job} setting {setting} exited {done.returncode}:\n{done.stdout[-4000:]}"
                            f"{done.stderr[-4000:]}")
     return _rate(job, done.stdout + done.stderr)
 
@@ -68,21 +79,28 @@ def main(argv=None) -> dict:
     p.add_argument("--ctr-steps", type=int, default=150)
     p.add_argument("--rows", type=int, default=200_000, help="ctr: rows per table")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--settings", default="1,2", help="comma-separated R or R@LAG (--ps-replicas R --ps-replica-lag LAG)")
     p.add_argument("--out", default=os.path.join(RESULTS, "ps_replicas.json"))
     args = p.parse_args(argv)
+    settings = args.settings.split(",")
+    for setting in settings:
+        _setting(setting)  # a bad one fails before any launch
     results = {"loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "python": sys.version.split()[0], "runs": {}}
     for job in args.jobs.split(","):
-        rates = {1: [], 2: []}
+        rates = {s: [] for s in settings}
         for launch in range(args.launches):
-            for replicas in (1, 2) if launch % 2 == 0 else (2, 1):
-                rate = run(job, replicas, args)
-                rates[replicas].append(rate)
-                print(f"{job} --ps-replicas {replicas}: {rate:.1f} (load {os.getloadavg()[0]:.2f})", flush=True)
-        medians = {r: statistics.median(v) for r, v in rates.items()}
-        results["runs"][job] = {"rates": rates, "median": medians, "ratio": medians[2] / medians[1]}
-        print(f"{job}: median {medians[1]:.1f} with 1 replica, {medians[2]:.1f} with 2: "
-              f"{100 * (1 - medians[2] / medians[1]):.1f}% fewer", flush=True)
+            k = launch % len(settings)
+            for setting in settings[k:] + settings[:k]:
+                rate = run(job, setting, args)
+                rates[setting].append(rate)
+                print(f"{job} setting {setting}: {rate:.1f} (load {os.getloadavg()[0]:.2f})", flush=True)
+        medians = {s: statistics.median(v) for s, v in rates.items()}
+        base = settings[0]
+        results["runs"][job] = {"rates": rates, "median": medians,
+                                "ratio": {s: medians[s] / medians[base] for s in settings}}
+        print(f"{job}: medians " + ", ".join(f"{s}: {medians[s]:.1f} ({100 * (1 - medians[s] / medians[base]):.1f}% "
+                                              f"fewer than {base})" for s in settings), flush=True)
     results["loadavg_after"] = os.getloadavg()
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

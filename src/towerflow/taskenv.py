@@ -43,6 +43,7 @@ ENV_PS_MODE = "TOWERFLOW_PS_MODE"  # async | sync | ssp (towerflow launch --mode
 ENV_PS_REPLICAS_TO_AGGREGATE = "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"  # --replicas-to-aggregate
 ENV_PS_STALENESS = "TOWERFLOW_PS_STALENESS"  # --staleness
 ENV_PS_REPLICAS = "TOWERFLOW_PS_REPLICAS"  # --ps-replicas: copies of each ps task's part (1, or 2 with a backup)
+ENV_PS_REPLICA_LAG = "TOWERFLOW_PS_REPLICA_LAG"  # --ps-replica-lag: ops a reply may run ahead of the backup
 ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers keep freed memory for the next step) | system
 ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always remote calls)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
@@ -157,6 +158,7 @@ class TaskEnv:
     ps_replicas_to_aggregate: Optional[int] = None
     ps_staleness: Optional[int] = None
     ps_replicas: Optional[int] = None
+    ps_replica_lag: Optional[int] = None
     ps_link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
     towers_allocator: str = "keep"  # TOWERFLOW_TOWERS_ALLOCATOR: whether towers in one process tune glibc malloc
     ps_local_steps: Optional[int] = None
@@ -275,6 +277,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         ps_replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),
         ps_staleness=_count(env, ENV_PS_STALENESS),
         ps_replicas=_count(env, ENV_PS_REPLICAS, minimum=1),
+        ps_replica_lag=_count(env, ENV_PS_REPLICA_LAG, minimum=0),
         ps_link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
         towers_allocator=_choice(env, ENV_TOWERS_ALLOCATOR, TOWERS_ALLOCATORS) or "keep",
         ps_local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),

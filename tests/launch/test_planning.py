@@ -32,6 +32,8 @@ def test_an_embedded_cluster_is_planned_from_a_config(launch_script):
     (dict(ps=1, workers=1, ps_replicas=2), r"--ps-replicas 2 with --ps 1: expected 1 .* use --ps-replicas 2 with --ps 2"),
     (dict(ps=3, workers=1, ps_replicas=3), "--ps-replicas 3 with --ps 3: expected 1"),
     (dict(workers=2, ps_replicas=2), "--ps-replicas 2 with --ps 0"),
+    (dict(ps=2, workers=1, ps_replica_lag=8), "--ps-replica-lag 8 with --ps-replicas None .* --ps-replicas 2 and --mode async"),
+    (dict(ps=2, workers=2, ps_replicas=2, mode="sync", ps_replica_lag=8), "--ps-replica-lag 8 .* --mode sync: expected 0"),
 ])
 def test_a_launch_that_cannot_run_is_refused_with_the_flag_to_change(launch_script, config, message):
     with pytest.raises(TowerflowError, match=message):

@@ -92,3 +92,17 @@ def test_a_part_with_every_replica_lost_comes_back_from_the_checkpoint(tmp_path)
     assert not record["from_mirrors"] and "ckpt" in record["checkpoint"] and record["steps_lost"] > 0
     # the worker takes its 40 steps: the ones since the checkpoint are gone, and the one in flight
     assert 40 - record["steps_lost"] - 1 <= final["global_step"] <= 40 - record["steps_lost"]
+
+
+def test_with_a_replica_lag_a_killed_ps_task_loses_at_most_that_many_pushes(tmp_path, monkeypatch):
+    """--ps-replica-lag N: replies run ahead of the backup, so a restored primary may lack some acknowledged pushes;
+    the job goes on, and each recovery counts what it lost, never more than N per ps task."""
+    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")  # replication over messages, whose acks are read only when due
+    lag, steps = 16, 50
+    output = _launch(["--ps", "2", "--workers", "1", "--ps-replica-lag", str(lag)], tmp_path, steps, "dense", "15:0,35:1")
+    final = _final(tmp_path)
+    recoveries = final["recoveries"]
+    assert len(recoveries) == 2 and all(r["from_mirrors"] for r in recoveries), output
+    assert all(0 <= r["pushes_lost"] <= lag for r in recoveries), recoveries
+    lost = sum(r["pushes_lost"] for r in recoveries)
+    assert steps - lost <= final["global_step"] <= steps, (final["global_step"], recoveries)

@@ -13,7 +13,7 @@ import torch
 from towerflow.ps.layout import plan_layout
 from towerflow.errors import ClusterTimeoutError, ParameterServerError, PeerLostError
 from towerflow.ps.messages import PushPull, RowPush, RowRead, Ticket
-from towerflow.ps.replication_messages import check_ps_replicas
+from towerflow.ps.replication_messages import check_ps_replicas, check_replica_lag
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
@@ -340,3 +340,33 @@ def test_ps_replicas_are_one_or_two_with_enough_ps_tasks(replicas, num_ps, ok):
     else:
         with pytest.raises(ParameterServerError, match=rf"ps_replicas={replicas!r} with {num_ps} ps task"):
             check_ps_replicas(replicas, num_ps)
+
+
+def test_with_a_lag_bound_replies_run_that_many_ops_ahead_of_the_backup_and_no_further():
+    """Asynchronous replication: a reply waits only when the backup's acks are more than `max_lag` ops behind."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, _ = _replicated(primary, link)  # the seed is op 1, acknowledged
+    replica.max_lag = 3
+    replies, ticket = [], Ticket(0)
+    for step in range(4):
+        replies.append(primary.push_pull(PushPull(0, ticket, _grads(primary, step), 0.1, step + 1)))
+        ticket = replies[-1].wait().pulled.ticket if replies[-1].done() else ticket
+    assert [r.done() for r in replies] == [True, True, True, False]  # ops 2-4 unacknowledged; op 5's reply waits
+    assert replica.metrics()["lag"] == 4 and replica.metrics()["max_lag"] == 3
+    link.flush(order=[0])  # the backup acknowledges op 2: op 5 is then 3 ahead
+    assert replies[-1].done()
+    link.flush()
+    assert replica.metrics()["lag"] == 0
+    _same(primary, link.mirrors["ps:1"])
+
+
+@pytest.mark.parametrize("lag, replicas, mode, ok", [(0, 1, "sync", True), (0, 2, "sync", True), (16, 2, "async", True),
+                                                     (16, 1, "async", False), (16, 2, "sync", False),
+                                                     (16, 2, "ssp", False), (-1, 2, "async", False), (1.5, 2, "async", False)])
+def test_a_replica_lag_needs_two_replicas_and_async_training(lag, replicas, mode, ok):
+    if ok:
+        assert check_replica_lag(lag, replicas, mode) == lag
+    else:
+        with pytest.raises(ParameterServerError, match=rf"ps_replica_lag={lag!r}"):
+            check_replica_lag(lag, replicas, mode)

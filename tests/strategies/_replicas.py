@@ -55,6 +55,7 @@ def run_replicas(
     procs, files = [], []
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TF_CONFIG", "TOWERFLOW_DEVICE")}
     base.setdefault("PYTHONPATH", os.path.join(REPO, "src"))
+    base.setdefault("PYTHONFAULTHANDLER", "1")  # as `towerflow launch` gives its tasks: a native crash shows its stacks
     try:
         for rank in range(n):
             child_env = {

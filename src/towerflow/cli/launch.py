@@ -84,6 +84,10 @@ def register(sub) -> None:
     ps.add_argument("--ps_replicas", "--ps-replicas", dest="ps_replicas", type=int, default=None, metavar="N",
                     help="copies of each ps task's part: 1 (default) or 2 (a mirror on the next ps task, kept in step "
                          "before each reply, so a lost ps task loses no acknowledged update; needs --ps 2 or more)")
+    ps.add_argument("--ps_replica_lag", "--ps-replica-lag", dest="ps_replica_lag", type=int, default=None, metavar="N",
+                    help="with --ps-replicas 2 and --mode async: replies may run up to N ops ahead of the backup "
+                         "(default 0: each waits for it); a lost ps task then loses at most N acknowledged pushes, "
+                         "reported")
     p.add_argument("--ps_runs_script", "--ps-runs-script", dest="ps_runs_script", action="store_true",
                    help="ps tasks run the script too (for scripts that put work of their own on ps tasks); by default "
                         "they run `python -m towerflow.ps.serve`, which serves variables until every task is done")
@@ -117,7 +121,7 @@ def config_of(args) -> LaunchConfig:
         cluster_file=args.cluster, job_name=args.job_name, task_index=args.task_index, master_port=args.master_port,
         max_restarts=args.max_restarts, logdir=args.logdir, store=args.store, ps_runs_script=args.ps_runs_script, mode=args.mode,
         replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, local_steps=args.local_steps,
-        ps_replicas=args.ps_replicas,
+        ps_replicas=args.ps_replicas, ps_replica_lag=args.ps_replica_lag,
     )
 
 

@@ -42,6 +42,7 @@ class LaunchConfig:
     staleness: Optional[int] = None
     local_steps: Optional[int] = None
     ps_replicas: Optional[int] = None
+    ps_replica_lag: Optional[int] = None
 
     def ps_mode_flag(self) -> Optional[str]:
         """The first update-mode flag given, as the user wrote it (for messages), or None."""

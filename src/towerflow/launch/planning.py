@@ -81,7 +81,9 @@ def pass_ps_mode(config: LaunchConfig, has_ps: bool) -> None:
     if flag is not None and not config.cluster_file and not has_ps:
         raise TowerflowError(f"{flag} chooses how parameter servers apply updates; add --ps N (N >= 1)")
     check_ps_replicas(config, has_ps)
-    export_ps_mode(config.mode, config.replicas_to_aggregate, config.staleness, config.local_steps, config.ps_replicas)
+    check_ps_replica_lag(config)
+    export_ps_mode(config.mode, config.replicas_to_aggregate, config.staleness, config.local_steps, config.ps_replicas,
+                   config.ps_replica_lag)
 
 
 def check_ps_replicas(config: LaunchConfig, has_ps: bool) -> None:
@@ -94,6 +96,18 @@ def check_ps_replicas(config: LaunchConfig, has_ps: bool) -> None:
             f"--ps-replicas {n} with --ps {config.ps}: expected 1 (each ps task's part on it alone) or "
             f"{taskenv.MAX_PS_REPLICAS} (and a mirror on the next ps task), and no more than the ps tasks; use "
             f"--ps-replicas 2 with --ps 2 or more")
+
+
+def check_ps_replica_lag(config: LaunchConfig) -> None:
+    """--ps-replica-lag N: a whole number, N > 0 only with --ps-replicas 2 and --mode async (the tasks check again)."""
+    lag = config.ps_replica_lag
+    if lag is None:
+        return
+    if lag < 0 or (lag and config.ps_replicas != 2) or (lag and (config.mode or "async") != "async"):
+        raise TowerflowError(
+            f"--ps-replica-lag {lag} with --ps-replicas {config.ps_replicas} --mode {config.mode or 'async'}: expected "
+            "0, or N > 0 with --ps-replicas 2 and --mode async (a lost ps task may come back without up to N "
+            "acknowledged pushes, which only async training can lose); drop the flag or change the others")
 
 
 def _scheduled_slot(config: LaunchConfig):

@@ -108,6 +108,7 @@ class CreateShards:
     restored_for: Tuple[str, ...] = ()  # a restore after these restarted ps incarnations (their call names) came back
     backup_task: Optional[int] = None  # --ps-replicas 2: the ps task that mirrors this one's part
     snapshot: Optional[Any] = None  # a ServiceSnapshot from the mirror: restore a lost primary to it
+    replica_lag: int = 0  # ops a reply may run ahead of the backup's acks (0: a reply waits, as docs/fault-tolerance.md)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,26 @@ def check_ps_replicas(replicas: object, num_ps: int) -> int:
     return replicas
 
 
+def check_replica_lag(lag: object, replicas: int, mode: str) -> int:
+    """`ps_replica_lag` as given: 0 (a reply waits for the backup), or N > 0 with two replicas and async training
+    (a lost primary may come back without up to N acknowledged pushes, which async SGD can lose; a sync step or an
+    SSP clock could not go on without them)."""
+    if not isinstance(lag, int) or isinstance(lag, bool) or lag < 0:
+        raise ParameterServerError(
+            f"ps_replica_lag={lag!r}: expected a whole number >= 0 (0: every reply waits until the backup holds what "
+            "it shows; N: replies may run N ops ahead of the backup)")
+    if lag and replicas < 2:
+        raise ParameterServerError(
+            f"ps_replica_lag={lag} with ps_replicas={replicas}: the lag is how far a backup may fall behind, and "
+            "there is none; add --ps-replicas 2 (and --ps 2 or more), or drop --ps-replica-lag")
+    if lag and mode != "async":
+        raise ParameterServerError(
+            f"ps_replica_lag={lag} with mode={mode!r}: a restored ps could lack up to {lag} acknowledged pushes, "
+            f"which {mode} training cannot lose (a step or a clock would wait for them forever); use mode='async', "
+            "or ps_replica_lag=0 (every reply waits for the backup)")
+    return lag
+
+
 def backup_of(task: int, num_ps: int) -> int:
     """The ps task that mirrors `task`'s shards: the next one round the ring."""
     return (task + 1) % num_ps

@@ -33,7 +33,7 @@ from towerflow.data.file_regroup import Resume
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.layout import Layout, Partition, plan_layout
 from towerflow.ps.messages import PolicySpec
-from towerflow.ps.replication_messages import check_ps_replicas
+from towerflow.ps.replication_messages import check_ps_replicas, check_replica_lag
 from towerflow.ps.server.policies import make_policy
 from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
@@ -68,6 +68,7 @@ class ParameterServerStrategy(Strategy):
         partition_strategy: str = "mod",
         local_steps: Optional[int] = None,
         ps_replicas: Optional[int] = None,
+        ps_replica_lag: Optional[int] = None,
     ):
         self._owns_server = server is None and _server.current() is None
         self.server = server or _server.current() or _server.Server()
@@ -97,6 +98,8 @@ class ParameterServerStrategy(Strategy):
         local_steps = check_local_steps(task.ps_local_steps if local_steps is None else local_steps)
         ps_replicas = check_ps_replicas((task.ps_replicas or 1) if ps_replicas is None else ps_replicas,
                                         cluster.num_tasks("ps"))
+        ps_replica_lag = check_replica_lag((task.ps_replica_lag or 0) if ps_replica_lag is None else ps_replica_lag,
+                                           ps_replicas, mode)
         self._restarted_at = task.restarted_at
         if partition_strategy not in PARTITION_STRATEGIES:
             raise ParameterServerError(f"partition_strategy={partition_strategy!r}: expected one of {PARTITION_STRATEGIES} "
@@ -125,6 +128,7 @@ class ParameterServerStrategy(Strategy):
         self.client = PSClient(self.server, model_name, replicas.index(here), here == replicas[0], torch_device,
                                spec, prefetch, self.steps)
         self.client.ps_replicas = self.ps_replicas = ps_replicas  # 2: each ps task's part mirrored on the next
+        self.client.replica_lag = self.ps_replica_lag = ps_replica_lag  # > 0: replication runs behind, bounded
         self.recovery = Recovery(self.client)
         self.mode = mode
         self._described = described

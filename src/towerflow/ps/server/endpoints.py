@@ -79,7 +79,8 @@ def create(model: str, request: CreateShards) -> int:
     else:
         step = service.coordinator.global_step
     if request.backup_task is not None:
-        _replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None)
+        _replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None,
+                   max_lag=request.replica_lag)
     if request.open_now:
         open_model(model)
     for incarnation in request.restored_for:
@@ -87,9 +88,9 @@ def create(model: str, request: CreateShards) -> int:
     return step
 
 
-def _replicate(model: str, task: int, service: ShardService, backup_task: int, reseed: bool) -> None:
+def _replicate(model: str, task: int, service: ShardService, backup_task: int, reseed: bool, max_lag: int = 0) -> None:
     """Make `service` forward its calls to the mirror on ps task `backup_task` (seeded now, and again after
-    its state was replaced by a snapshot)."""
+    its state was replaced by a snapshot); `max_lag` > 0: replies run up to that many ops ahead of its acks."""
     server = _server.current()
     replica = service.replica
     if not isinstance(replica, Replicator):
@@ -99,7 +100,7 @@ def _replicate(model: str, task: int, service: ShardService, backup_task: int, r
             lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
             _transport.is_peer_lost,
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause),
-            direct=_direct_sender(server, model, task, backup_task, service))
+            direct=_direct_sender(server, model, task, backup_task, service), max_lag=max_lag)
         service.replica = replica
     elif not reseed:
         return

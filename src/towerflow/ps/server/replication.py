@@ -17,6 +17,11 @@ gradient, so a step pays a round trip to the backup only when that is slower tha
 Replies that nobody could send again (a finish, a load, a read that admitted hash ids) wait for every
 op sent so far.
 
+Asynchronous replication (`max_lag` > 0, async training only) lets a worker's reply run up to `max_lag`
+ops ahead of the backup's acks instead: a step never waits for the backup unless it falls that far
+behind, and a lost primary comes back without at most `max_lag` acknowledged pushes, which the
+workers count and report as lost updates (`ps/worker/recovery.py`).
+
 A lost backup does not stop training: the primary goes on unreplicated (a warning, `degraded` in its
 metrics), waits for the launcher to restart the backup task, and seeds the new incarnation with a
 snapshot of its whole state, after which forwarding resumes.
@@ -86,7 +91,8 @@ class Replicator:
     def __init__(self, model: str, task: int, sender: str, backup_task: int, lock: threading.Lock,
                  snapshot: Callable[[], ServiceSnapshot], call: Callable[[str, ReplicaFrame], torch.futures.Future],
                  is_lost: Callable[[BaseException], bool], wait_for_restart: Callable[[int, str, str], str],
-                 say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None):
+                 say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None,
+                 max_lag: int = 0):
         self.model, self.task, self.sender, self.backup_task = model, task, sender, backup_task
         self._service_lock = lock
         self._snapshot = snapshot
@@ -94,6 +100,7 @@ class Replicator:
         self._is_lost = is_lost
         self._wait_for_restart = wait_for_restart
         self._say = say or (lambda text: print(f"towerflow: {sender}: {text}", file=sys.stderr, flush=True))
+        self.max_lag = max_lag  # how many ops a worker's reply may run ahead of the backup's acks (0: none)
         self.backup: Optional[str] = None  # the backup incarnation's call name while replicating, else None
         self.seq = 0  # the number of the last op sent
         self.acked = 0  # the highest number the current backup acknowledged
@@ -106,7 +113,10 @@ class Replicator:
         self.degraded_since: Optional[float] = time.monotonic()
         self._watching = False
         self.retry_every = 1.0  # the first pause before asking again whether a lost backup is back
-        self._direct = direct
+        # A thread's own connection has its acks read by that thread alone, when its next reply needs them; a reply
+        # allowed to run ahead may then wait for an ack another thread holds unread while that thread's worker
+        # waits for its own reply. With a lag every op goes by `call`, whose acks complete as they arrive.
+        self._direct = None if max_lag else direct
         self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
         self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
 
@@ -213,7 +223,11 @@ class Replicator:
         _complete(now)
 
     def _gate(self, worker: Optional[int]) -> int:
-        return self.seq if worker is None else self._pushes.get(worker, (0, 0))[0]
+        """The op the backup must have acknowledged before this reply goes."""
+        if worker is None:
+            return self.seq
+        previous = self._pushes.get(worker, (0, 0))[0]
+        return min(previous, self.seq - self.max_lag) if self.max_lag else previous
 
     def settled(self, value: object) -> torch.futures.Future:
         """A future of `value` that completes once the backup holds every op sent so far."""
@@ -312,6 +326,7 @@ class Replicator:
                 "backup_task": self.backup_task,
                 "ops_forwarded": self.forwarded,
                 "lag": self.seq - self.acked if self.backup is not None else 0,
+                "max_lag": self.max_lag,
                 "replies_waiting": sum(len(r) for _, _, r in self._held),
                 "degraded": self.backup is None,
                 "degraded_s": round(time.monotonic() - self.degraded_since, 3) if self.degraded_since else 0.0,

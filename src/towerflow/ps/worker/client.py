@@ -72,6 +72,7 @@ class PSClient:
         self.policy = policy
         self.prefetch = prefetch
         self.ps_replicas = 1  # copies of each ps task's part (2: a mirror on the next ps task, docs/fault-tolerance.md)
+        self.replica_lag = 0  # with 2: how many ops a reply may run ahead of the backup (0: none)
         self.layout: Optional[Layout] = None
         self.channels: List[Channel] = []
         self.pushes = 0  # this worker's clock: pushes sent (and, after a loss, kept by the ps)
@@ -138,7 +139,7 @@ class PSClient:
         return self.call(ch, Endpoints.create, CreateShards(
             ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy, state, tuple(finished),
             open_now, ch.task, tuple(self.tables.values()), shard_values, self._row_optimizer, tuple(restored_for),
-            backup_for(ch.task, self.layout.num_ps, self.ps_replicas), snapshot))
+            backup_for(ch.task, self.layout.num_ps, self.ps_replicas), snapshot, self.replica_lag))
 
     def rejoin(self, restarted: bool, wait_open: bool = True, after_restore_of: Optional[str] = None) -> List[Rejoined]:
         """Learn this worker's place at every ps task after a loss (`after_restore_of`: once the chief restored

@@ -56,6 +56,7 @@ class Recovery:
         before = client.global_step
         sent, clock = {ch.task: ch.pushes for ch in client.channels}, client.pushes  # before a rejoin resets them
         lost_tasks = {lost.task: lost}
+        pushes_lost = 0  # with asynchronous replication: pushes the restored mirror lacked beyond those kept
         while True:
             for gone in lost_tasks.values():
                 if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
@@ -69,7 +70,7 @@ class Recovery:
                 client.rejoin(restarted=False, after_restore_of=back_as[-1])
                 from_mirror = self.server.lookup(from_mirrors.outcome_key(client.model_name, back_as[-1])) == "mirror"
                 if from_mirror:
-                    self._send_again(sent, clock)
+                    pushes_lost = self._send_again(sent, clock)
                 else:
                     client.install(client.pull())
                 break
@@ -80,10 +81,16 @@ class Recovery:
         record = {"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                   "resumed_at_step": client.global_step, "steps_lost": max(0, before - client.global_step),
                   "seconds": round(took, 2), "from_mirrors": from_mirror}
+        if from_mirror and client.replica_lag:
+            record["pushes_lost"] = pushes_lost
         if isinstance(source, str):
             record["checkpoint"] = source
         self.recoveries.append(record)
-        if from_mirror:
+        if from_mirror and pushes_lost:
+            what = "the chief restored it from its mirror"
+            lost_what = (f"{pushes_lost} of this worker's acknowledged pushes the backup did not hold yet (--ps-replica-lag "
+                         f"{client.replica_lag}); the step in flight is sent again")
+        elif from_mirror:
             what, lost_what = "the chief restored it from its mirror", "nothing (the step in flight is sent again)"
         else:
             what = (f"restored every ps task from {os.path.basename(source)}" if isinstance(source, str)
@@ -94,18 +101,22 @@ class Recovery:
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
                       f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
 
-    def _send_again(self, sent: Dict[int, int], clock: int) -> None:
+    def _send_again(self, sent: Dict[int, int], clock: int) -> int:
         """After a restore from mirrors, put this worker back where it was, as if nothing had happened. A ps task
         restored from its mirror may lack this worker's last push or two (the reply to a push waits only for the
         one before it to reach the backup: ps/server/replication.py), whichever call saw the loss; they are pushed
         again, oldest first, each round waiting for its replies (a sync push must see its step's update before
         the next), and the values of the last round are installed: for a ps task that lacked nothing, the pull
         the last step made (sync: after that step's update). A training step the loss interrupted is so
-        finished; any other call runs again after this."""
+        finished; any other call runs again after this. With asynchronous replication (`replica_lag`) a task may
+        lack more pushes than this worker keeps: those are lost, and their count returned."""
         client = self.client
-        again = {}
+        again, lost = {}, 0
         for ch in client.channels:
             missing = sent.get(ch.task, 0) - ch.pushes
+            if missing > len(ch.sent) and client.replica_lag:
+                lost += missing - len(ch.sent)
+                missing = len(ch.sent)
             if missing > len(ch.sent):
                 raise ParameterServerError(
                     f"/job:ps/task:{ch.task} came back from its mirror {missing} pushes of {self.server.name} behind, "
@@ -137,6 +148,7 @@ class Recovery:
             ch.sent.clear()
             ch.sent.extend(kept[ch.task])
         client.pushes = max(client.pushes, clock)
+        return lost
 
     def restore_ps(self) -> Optional[str]:
         """Chief: put the ps tasks back; the checkpoint's path, or None when the lost ones came back from their
