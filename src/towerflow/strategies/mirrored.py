@@ -143,6 +143,12 @@ class MirroredStrategy(LocalTablesStrategy):
         kwargs = {}
         if self.backend == "nccl":
             kwargs["device_id"] = self.device
+        if self.variables_on != "cpu":
+            # DDP imports torch._dynamo; imported only once the group exists, it keeps the group alive past
+            # destroy_process_group (measured: gloo's threads then run on through the interpreter's exit, where
+            # replicas have rarely aborted, "terminate called without an active exception"). Imported first, the
+            # group and its threads go with the DDP module.
+            import torch._dynamo  # noqa: F401
         names = replica_rendezvous.replica_names(self.env.cluster, self.num_replicas_in_sync)
         addr, port = self.env.master_addr, self.env.master_port
         prefix = self.env.group_prefix
