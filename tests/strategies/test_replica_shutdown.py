@@ -1,6 +1,5 @@
 """A replica's shutdown lets go of its process group: once the strategy is shut down and the model dropped, no
-gloo thread is left in the process (a notebook or a sweep that trains several times in one process does not
-pile them up, and none is alive when the interpreter exits)."""
+gloo thread is left in the process, so none is still running when the interpreter exits."""
 
 import os
 import re
