@@ -8,7 +8,8 @@ EmbeddingBag whose rows live on the ps tasks, and a linear head) or `hash` (a Ha
 an id on its second sighting, and a linear head). The chief checkpoints every 20
 global steps (MonitoredTrainingSession) and, for each `STEP:TASK[+TASK...]` of KILLS (comma-separated,
 or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms later from a thread
-(so the kill lands anywhere in the next steps: between calls, or with a push in flight). The chief
+(so the kill lands anywhere in the next steps: between calls, or with a push in flight); a TASK `chief`
+kills the chief itself right after (as a host holding both would go down), once: not when restarted. The chief
 writes the final values, the ps tasks' whole state (`optimizer.state_dict()`: values, optimizer and table
 state, clocks), the global step and its recoveries to DIR/final.pt.
 """
@@ -46,13 +47,18 @@ def ps_pid(task: int) -> int:
 
 
 def kill_soon(tasks) -> None:
+    """SIGKILL those ps tasks a random 0-5 ms later; with "chief" among them, this process too, right after."""
+    itself = "chief" in tasks
+    tasks = [t for t in tasks if t != "chief"]
     pids = [ps_pid(t) for t in tasks]
 
     def run() -> None:
         time.sleep(random.uniform(0, 0.005))
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        print(f"_replica_train: killed ps tasks {tasks} (pids {pids})", flush=True)
+        print(f"_replica_train: killed ps tasks {tasks} (pids {pids}){' and the chief' if itself else ''}", flush=True)
+        if itself:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=run, daemon=True).start()
 
@@ -91,7 +97,9 @@ data = torch.Generator().manual_seed(100 + strategy.replica_id)
 plan = {}
 for item in ([] if kills == "none" else kills.split(",")):
     at, tasks = item.split(":")
-    plan[int(at)] = [int(t) for t in tasks.split("+")]
+    plan[int(at)] = [t if t == "chief" else int(t) for t in tasks.split("+")]
+if os.environ.get("TOWERFLOW_RESTART_COUNT", "0") != "0":
+    plan = {}  # a restarted chief kills nothing again
 
 
 def step(i: int) -> float:

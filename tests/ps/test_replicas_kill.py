@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 
 import pytest
 import torch
@@ -106,3 +107,15 @@ def test_with_a_replica_lag_a_killed_ps_task_loses_at_most_that_many_pushes(tmp_
     assert all(0 <= r["pushes_lost"] <= lag for r in recoveries), recoveries
     lost = sum(r["pushes_lost"] for r in recoveries)
     assert steps - lost <= final["global_step"] <= steps, (final["global_step"], recoveries)
+
+
+def test_the_chief_lost_with_a_ps_task_restores_it_from_its_mirror(tmp_path):
+    """A host holding the chief and ps task 1 goes down: the restarted chief finds that task empty beside one that
+    kept its state and restores it from its mirror (not afresh from its own initial values), and the other worker,
+    waiting for that restore, goes on with nothing lost."""
+    output = _launch(["--ps", "2", "--workers", "2"], tmp_path, 40, "dense", "15:1+chief")
+    final = _final(tmp_path)
+    assert "killed ps tasks [1]" in output and "and the chief" in output
+    assert re.search(r"restored /job:ps/task:1(, lost together with this chief,)? from its mirror", output), output
+    assert re.search(r"\[worker:1\] .*/job:ps/task:1 is back .*from its mirror.*lost: nothing", output), output
+    assert final["global_step"] >= 40

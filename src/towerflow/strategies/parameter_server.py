@@ -224,7 +224,7 @@ class ParameterServerStrategy(Strategy):
         if tables:
             self.lookups = TableLookups(model, tables, lambda ids: self.recovery.guarded(lambda: self.client.read_rows(ids)),
                                         self.device)
-        if self.recovery.guarded(self.client.connect) is not None:
+        if self.recovery.connect() is not None:
             self.recovery.say_rejoined(self._restarted_at)
         wrapped = PSOptimizer(optimizer, self.client, self.recovery, list(params.values()), lr_schedule, clip_grad_norm,
                               self.lookups, self.local_steps)

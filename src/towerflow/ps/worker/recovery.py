@@ -46,6 +46,30 @@ class Recovery:
                 if not retry:
                     return None
 
+    def connect(self) -> Any:
+        """`client.connect`, guarded; a restarted chief first restores the ps tasks lost with it (`_restore_lost_with_chief`)."""
+        client = self.client
+        if client.is_chief and self.server.incarnation > 0 and client.ps_replicas > 1:
+            self.guarded(self._restore_lost_with_chief)
+        return self.guarded(client.connect)
+
+    def _restore_lost_with_chief(self) -> None:
+        """Some ps tasks empty while others kept their state: ps tasks lost together with this chief (its host
+        went down with them) are back, and the other workers wait for their restore. Put them back from their
+        mirrors, as a chief that had seen the loss would (creating them afresh would reset their part)."""
+        client = self.client
+        holds = client.on_all(Endpoints.holds)
+        if all(holds) or not any(holds):  # nothing lost, or the whole job: the session's checkpoint restore
+            return
+        restored = from_mirrors.restore(client, self.server.publish)
+        if restored is None:
+            empty = [f"/job:ps/task:{ch.task}" for ch, held in zip(client.channels, holds) if not held]
+            raise ParameterServerError(
+                f"{', '.join(empty)} came back empty together with this restarted chief, and its part has no mirror "
+                "left (its backup was lost too): restart the whole job to go back to the newest checkpoint")
+        for task, backup in sorted(restored.items()):
+            self._say(f"restored /job:ps/task:{task}, lost together with this chief, from its mirror on {backup}")
+
     def recover(self, lost: PSLost) -> None:
         """Wait for the launcher to restart the lost ps; the chief restores it (`restore_ps`), all pull
         the restored values and go on; the recovery is logged and kept in `recoveries`. Another ps task
