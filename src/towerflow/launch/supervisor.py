@@ -251,9 +251,11 @@ class Supervisor:
                 for r in self._running:
                     r.finish_output()
                 return 0
-            if served_at is None and self._served(codes):
+            if not self._served(codes):
+                served_at = None
+            elif served_at is None:
                 served_at = time.monotonic()
-            if served_at is not None and time.monotonic() - served_at > SERVE_GRACE_S and self._served(codes):
+            elif time.monotonic() - served_at > SERVE_GRACE_S:
                 return self._stop_servers()
             # A task killed by a signal usually caused the others' errors (a collective whose peer
             # vanished): when several are seen at once, it is the one to report and act on.

@@ -110,12 +110,11 @@ class Recovery:
         if isinstance(source, str):
             record["checkpoint"] = source
         self.recoveries.append(record)
-        if from_mirror and pushes_lost:
+        if from_mirror:
             what = "the chief restored it from its mirror"
             lost_what = (f"{pushes_lost} of this worker's acknowledged pushes the backup did not hold yet (--ps-replica-lag "
-                         f"{client.replica_lag}); the step in flight is sent again")
-        elif from_mirror:
-            what, lost_what = "the chief restored it from its mirror", "nothing (the step in flight is sent again)"
+                         f"{client.replica_lag}); the step in flight is sent again" if pushes_lost
+                         else "nothing (the step in flight is sent again)")
         else:
             what = (f"restored every ps task from {os.path.basename(source)}" if isinstance(source, str)
                     else "the chief restored the ps tasks")
