@@ -21,7 +21,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from towerflow.cluster import wire
-from towerflow.cluster.connection_events import PeerGone, monitor, peer_failure
+from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, monitor
 
 _WATCH_EVERY_MS = 1000
 _IDLE_EVERY_S = _WATCH_EVERY_MS / 1000
@@ -31,7 +31,8 @@ _LOOK_EVERY_MS = 200  # how long a read blocks before the monitor is looked at (
 class DirectChannel:
     """Calls from one thread to task `to` at `address`, over a socket only that thread touches."""
 
-    def __init__(self, context: zmq.Context, me: str, to: str, address: str, configure: Callable[[zmq.Socket], None]):
+    def __init__(self, context: zmq.Context, me: str, to: str, address: str, configure: Callable[[zmq.Socket], None],
+                 watch: ConnectionWatch):
         self.me, self.to, self.address = me, to, address
         self._socket = context.socket(zmq.DEALER)
         configure(self._socket)
@@ -43,7 +44,7 @@ class DirectChannel:
         self._send_poller.register(self._monitor, zmq.POLLIN)
         self._ids = itertools.count(1)
         self._early: Dict[int, list] = {}  # replies read while waiting for another call's
-        self._is_up = False
+        self._watch = watch
         self._failure: Optional[BaseException] = None
 
     def call(self, fn: Callable, *args: Any) -> "DirectCall":
@@ -92,10 +93,7 @@ class DirectChannel:
             self._event(recv_monitor_message(self._monitor)["event"])
 
     def _event(self, event: int) -> None:
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._is_up = True
-            return
-        self._failure = self._failure or peer_failure(event, self._is_up, self.me, self.to, self.address)
+        self._failure = self._failure or self._watch.event(event)
 
     def close(self) -> None:
         self._socket.disable_monitor()

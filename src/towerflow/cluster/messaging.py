@@ -31,8 +31,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from towerflow.cluster import wire
-from towerflow.cluster.wire_security import WireSecurity
-from towerflow.cluster.connection_events import PeerGone, monitor, peer_failure, unknown
+from towerflow.cluster.wire_security import ENCRYPT, WireSecurity
+from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, monitor, unknown
 from towerflow.errors import ClusterTimeoutError
 
 _HEARTBEAT_EVERY_MS = 1000
@@ -48,9 +48,8 @@ def _zmq_host(host: str) -> str:
 class _Peer:
     """A connection to one task, owned by the socket thread."""
 
-    def __init__(self, name: str, address: str, socket: zmq.Socket, monitor: zmq.Socket):
-        self.name, self.address, self.socket, self.monitor = name, address, socket, monitor
-        self.is_up = False
+    def __init__(self, name: str, address: str, socket: zmq.Socket, monitor: zmq.Socket, watch: ConnectionWatch):
+        self.name, self.address, self.socket, self.monitor, self.watch = name, address, socket, monitor, watch
         self.failure: Optional[BaseException] = None  # set once: the peer is gone for good
         # calls a send could not queue yet (no connection to queue on: one being made, or a refused
         # handshake being retried); sent in order once the socket can take them
@@ -199,7 +198,7 @@ class Endpoint:
             self._configure_dealer(socket, address)
             watcher = monitor(socket)
             socket.connect(address)
-            peer = self._peers[name] = _Peer(name, address, socket, watcher)
+            peer = self._peers[name] = _Peer(name, address, socket, watcher, self._watch(name, address))
             for s in (socket, watcher):
                 self._poller.register(s, zmq.POLLIN)
                 self._by_socket[s] = peer
@@ -213,6 +212,9 @@ class Endpoint:
         socket.connect_timeout = self._heartbeat_timeout_ms
         self._security.dial(socket)
 
+    def _watch(self, to: str, address: str) -> ConnectionWatch:
+        return ConnectionWatch(self.name, to, address, encrypted=self._security.mode == ENCRYPT)
+
     def is_socket_thread(self) -> bool:
         return threading.get_ident() == self._thread.ident
 
@@ -224,7 +226,8 @@ class Endpoint:
         address = self._address_of(to)
         if address is None or self._stopped.is_set():
             raise unknown(to)
-        return DirectChannel(self._context, self.name, to, address, lambda s: self._configure_dealer(s, address))
+        return DirectChannel(self._context, self.name, to, address, lambda s: self._configure_dealer(s, address),
+                             self._watch(to, address))
 
     def _from_peer(self, socket: zmq.Socket, events: int) -> None:
         peer = self._by_socket.get(socket)
@@ -256,10 +259,7 @@ class Endpoint:
             future.set_exception(message.exception(peer.name))
 
     def _peer_event(self, peer: _Peer, event: int) -> None:
-        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            peer.is_up = True
-            return
-        error = peer_failure(event, peer.is_up, self.name, peer.name, peer.address)
+        error = peer.watch.event(event)
         if error is not None and peer.failure is None:
             self._lose(peer, error)
 
