@@ -119,3 +119,20 @@ def test_the_chief_lost_with_a_ps_task_restores_it_from_its_mirror(tmp_path):
     assert re.search(r"restored /job:ps/task:1(, lost together with this chief,)? from its mirror", output), output
     assert re.search(r"\[worker:1\] .*/job:ps/task:1 is back .*from its mirror.*lost: nothing", output), output
     assert final["global_step"] >= 40
+
+
+def test_the_chief_lost_with_a_ps_task_and_no_mirror_restores_every_ps_task_from_the_checkpoint(tmp_path):
+    """The same host loss without mirrors (`--ps-replicas 1`): the empty ps task's part lives only in the checkpoint,
+    so the restarted chief puts every ps task back to it (never the empty one afresh beside the other's newer
+    state), says so, and the other worker, waiting for that restore, goes on from it."""
+    os.makedirs(tmp_path, exist_ok=True)
+    output = launch(["--ps", "2", "--workers", "2", "--max-restarts", "3", HELPER, str(tmp_path), "40", "dense",
+                     "25:1+chief"], TIMEOUT)
+    final = _final(tmp_path)
+    assert "killed ps tasks [1]" in output and "and the chief" in output
+    assert re.search(r"\[worker:0\] .*/job:ps/task:1 came back empty together with this restarted chief, with no "
+                     r"mirror to restore from: restored every ps task from ckpt-\d+", output), output
+    assert re.search(r"\[worker:1\] .*/job:ps/task:1 is back .*the chief restored the ps tasks", output), output
+    (record,) = final["recoveries"]  # the restarted chief's own
+    assert record["lost_with_chief"] and not record["from_mirrors"] and record["resumed_at_step"] >= 20
+    assert final["global_step"] >= 40

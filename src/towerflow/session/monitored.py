@@ -102,9 +102,9 @@ class MonitoredTrainingSession:
         for hook in self.hooks:
             hook.begin(self)
         if self.checkpoints is not None:
-            self._restore()
-            if self.is_chief and hasattr(self.strategy, "restore_ps_from"):
+            if self.is_chief and hasattr(self.strategy, "restore_ps_from"):  # (first: it may restore the ps tasks now)
                 self.strategy.restore_ps_from(self._newest_shared_state)
+            self._restore()
         for hook in self.hooks:
             hook.after_create_session(self)
         return self
@@ -120,7 +120,7 @@ class MonitoredTrainingSession:
             return
         if self.global_step > 0 and latest.step <= self.global_step:
             _say(f"{self.task}: kept the running state at global step {self.global_step}; the newest checkpoint "
-                 f"({os.path.basename(latest.path)}, step {latest.step}) is older")
+                 f"({os.path.basename(latest.path)}, step {latest.step}) is not newer")
             return
         self.restored = self.checkpoints.restore(self.model, self.optimizer, latest)
         self._set_global_step(self.restored.step)

@@ -30,6 +30,7 @@ class Recovery:
         self.server = client.server
         self.restore_source: Optional[Callable[[], Any]] = None  # the chief's newest checkpoint, see restore_ps
         self.recoveries: List[dict] = []  # one entry per lost ps this worker went on after
+        self.lost_with_chief: List[int] = []  # ps tasks a restarted chief found empty, until it restores them
 
     def _say(self, text: str) -> None:
         print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
@@ -38,6 +39,7 @@ class Recovery:
         """Run a wire operation; when a ps is lost, recover and run it again (`retry`), or return None (a
         training step: its gradient is lost with the ps, unless the ps came back from its mirror, and then
         `recover` has finished the step)."""
+        self.finish_pending_restore()
         while True:
             try:
                 return op()
@@ -47,28 +49,56 @@ class Recovery:
                     return None
 
     def connect(self) -> Any:
-        """`client.connect`, guarded; a restarted chief first restores the ps tasks lost with it (`_restore_lost_with_chief`)."""
+        """`client.connect`, guarded. A restarted chief that finds some ps tasks empty beside others that kept their
+        state (they were lost together with it: its host went down with them) puts them back as a chief that had
+        seen the loss would, never afresh from its own initial values: from their mirrors (`--ps-replicas 2`), else
+        every ps task from the newest checkpoint, once the session says where that is (`finish_pending_restore`)."""
         client = self.client
-        if client.is_chief and self.server.incarnation > 0 and client.ps_replicas > 1:
-            self.guarded(self._restore_lost_with_chief)
+        if client.is_chief and self.server.incarnation > 0:
+            holds = self._holds_once_back()
+            if any(holds) and not all(holds):  # all: nothing lost; none: the whole job, the session's restore
+                if not (client.ps_replicas > 1 and self.guarded(self._restore_lost_with_chief)):
+                    self.lost_with_chief = [ch.task for ch, held in zip(client.channels, holds) if not held]
+                    return None
         return self.guarded(client.connect)
 
-    def _restore_lost_with_chief(self) -> None:
-        """Some ps tasks empty while others kept their state: ps tasks lost together with this chief (its host
-        went down with them) are back, and the other workers wait for their restore. Put them back from their
-        mirrors, as a chief that had seen the loss would (creating them afresh would reset their part)."""
+    def _holds_once_back(self) -> List[bool]:
+        """Which ps tasks hold their part, asked of each one's current incarnation: one that is gone (lost with this
+        chief and not back yet) is waited for first, and nothing restored before all are asked."""
         client = self.client
-        holds = client.on_all(Endpoints.holds)
-        if all(holds) or not any(holds):  # nothing lost, or the whole job: the session's checkpoint restore
-            return
-        restored = from_mirrors.restore(client, self.server.publish)
-        if restored is None:
-            empty = [f"/job:ps/task:{ch.task}" for ch, held in zip(client.channels, holds) if not held]
-            raise ParameterServerError(
-                f"{', '.join(empty)} came back empty together with this restarted chief, and its part has no mirror "
-                "left (its backup was lost too): restart the whole job to go back to the newest checkpoint")
-        for task, backup in sorted(restored.items()):
+        while True:
+            try:
+                return client.on_all(Endpoints.holds)
+            except PSLost as lost:
+                self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
+                client.follow_restarts()
+
+    def _restore_lost_with_chief(self) -> bool:
+        """From their mirrors; False when some empty task's part has no mirror left (its backup was lost too)."""
+        restored = from_mirrors.restore(self.client, self.server.publish)
+        for task, backup in sorted((restored or {}).items()):
             self._say(f"restored /job:ps/task:{task}, lost together with this chief, from its mirror on {backup}")
+        return restored is not None
+
+    def finish_pending_restore(self) -> None:
+        """Chief: restore every ps task from the newest checkpoint after `connect` found some lost with it (the
+        other workers wait for that), and join them; a no-op otherwise. Without a checkpoint it raises, saying how
+        to keep one."""
+        client, lost = self.client, self.lost_with_chief
+        if not lost:
+            return
+        self.lost_with_chief = []
+        seen = time.monotonic()
+        path = self.restore_ps()
+        client.rejoin(restarted=True, wait_open=False)
+        client.install(client.pull())
+        empty = ", ".join(f"/job:ps/task:{t}" for t in lost)
+        self._say(f"{empty} came back empty together with this restarted chief, with no mirror to restore from: "
+                  f"restored every ps task from {os.path.basename(path)}; going on at global step {client.global_step}; "
+                  f"lost: the global steps since that checkpoint; {time.monotonic() - seen:.2f} s")
+        self.recoveries.append({"ps_task": lost[0] if len(lost) == 1 else lost, "lost_with_chief": True,
+                                "resumed_at_step": client.global_step, "from_mirrors": False, "checkpoint": path,
+                                "seconds": round(time.monotonic() - seen, 2)})
 
     def recover(self, lost: PSLost) -> None:
         """Wait for the launcher to restart the lost ps; the chief restores it (`restore_ps`), all pull
@@ -186,8 +216,8 @@ class Recovery:
                 for task, backup in sorted(restored.items()):
                     self._say(f"restored /job:ps/task:{task} from its mirror on {backup}")
                 return None
-            self._say("a ps task lost every replica of its part (its backup was lost too, or restarted since it "
-                      "was last seeded): restoring every ps task from the newest checkpoint")
+            self._say("a ps task lost every replica of its part (its backup was lost too, restarted since it was "
+                      "last seeded, or cut off from it): restoring every ps task from the newest checkpoint")
         restored_for = [ch.to for ch in client.channels]
         found = self.restore_source() if self.restore_source is not None else None
         if found is None:
