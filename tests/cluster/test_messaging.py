@@ -144,6 +144,24 @@ def test_the_remote_exception_comes_back_as_itself_or_as_a_remote_error_naming_i
     assert "raise Local" in e.value.remote_traceback
 
 
+def test_a_lost_connection_stays_lost_until_reconnect_opens_a_new_one(endpoints):
+    """A task's name is never reused, so a lost connection fails every later call at once; `reconnect` is for a
+    task that may live on behind a cut (a network partition): the next call opens a new connection."""
+    book = {}
+    client = endpoints("client", book=book)
+    first = endpoints("server")
+    book["server"] = first.address
+    assert client.call("server", _echo, (1,), timeout=10).wait()[0] == (1,)
+    first.close()
+    with pytest.raises(messaging.PeerGone):
+        client.call("server", _echo, (2,), timeout=10).wait()
+    book["server"] = endpoints("server").address  # the same task, reachable again (here: at another address)
+    with pytest.raises(messaging.PeerGone):
+        client.call("server", _echo, (3,), timeout=10).wait()
+    client.reconnect("server")
+    assert client.call("server", _echo, (4,), timeout=10).wait()[0] == (4,)
+
+
 def test_a_call_to_a_name_nobody_published_fails_at_once_as_a_lost_peer(endpoints):
     client = endpoints("client")
     with pytest.raises(messaging.PeerGone, match="no task named 'ps:0:r3' has joined"):

@@ -13,7 +13,7 @@ import torch
 from towerflow.ps.layout import plan_layout
 from towerflow.errors import ClusterTimeoutError, ParameterServerError, PeerLostError
 from towerflow.ps.messages import PushPull, RowPush, RowRead, Ticket
-from towerflow.ps.replication_messages import check_ps_replicas, check_replica_lag
+from towerflow.ps.replication_messages import MirrorState, check_ps_replicas, check_replica_lag
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
@@ -22,6 +22,7 @@ from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import SparseAdam
 from towerflow.ps.tables.table_shards import TableShards
+from towerflow.ps.worker.from_mirrors import holds_all_it_answered
 
 
 class Lost(RuntimeError):
@@ -68,10 +69,10 @@ def _service(policy, num_workers=1, tables=None, values=None):
                         num_workers, tables)
 
 
-def _replicated(service, link, backup="ps:1"):
+def _replicated(service, link, backup="ps:1", **options):
     said = []
     replica = Replicator("model", 0, "ps:0", 1, service._lock, lambda: _snapshot.take(service), link.call,
-                         lambda e: isinstance(e, Lost), link.wait_for_restart, said.append)
+                         lambda e: isinstance(e, Lost), link.wait_for_restart, said.append, **options)
     service.replica = replica
     link.mirrors[backup] = Mirror("model", 0)
     replica.seed(backup)
@@ -215,6 +216,39 @@ def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again(
     _same(primary, link.mirrors["ps:1:r1"])
 
 
+def test_a_primary_says_it_went_unreplicated_before_it_answers_without_its_backup():
+    """A backup cut off while alive keeps a mirror that stopped early: the chief must not restore a lost primary from
+    it. So the primary records that it goes on alone before a reply leaves without the backup, and takes it back
+    once a new backup holds its seed."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    events = []
+    replica, _ = _replicated(primary, link, mark_unreplicated=lambda on: events.append(("unreplicated", on)))
+    first = primary.push_pull(PushPull(0, primary.pull(0).wait().ticket, _grads(primary, 1), None, 1))
+    second = primary.push_pull(PushPull(0, first.wait().pulled.ticket, _grads(primary, 2), None, 2))
+    assert not second.done()  # it waits for the backup to hold the first push
+    second.add_done_callback(lambda _: events.append("reply"))
+    del link.mirrors["ps:1"]
+    link.restarted[1] = "ps:1:r1"
+    link.mirrors["ps:1:r1"] = Mirror("model", 0)
+    link.flush()  # the first push's frame fails
+    assert events[:2] == [("unreplicated", True), "reply"]
+    deadline = time.monotonic() + 10
+    while replica.backup != "ps:1:r1" and time.monotonic() < deadline:  # the watcher thread seeds
+        time.sleep(0.01)
+    link.flush()  # the seed is acknowledged
+    assert events == [("unreplicated", True), "reply", ("unreplicated", False)]
+
+
+def test_a_mirror_stands_for_a_lost_primary_only_when_that_incarnation_fed_it_throughout():
+    whole = MirrorState(snapshot={"values": 1}, fed_by="ps:1:r1", seq=5)
+    assert holds_all_it_answered(whole, "ps:1:r1", None) and holds_all_it_answered(whole, "ps:1:r1", "0")
+    assert not holds_all_it_answered(whole, "ps:1:r1", "1")  # it went on without this backup
+    assert not holds_all_it_answered(whole, "ps:1", None)  # seeded by a later incarnation than the lost one
+    assert not holds_all_it_answered(MirrorState(None, "ps:1:r1", 5), "ps:1:r1", None)  # an op failed there
+    assert not holds_all_it_answered(None, "ps:1:r1", None)  # the backup is gone too
+
+
 def _lose_backup_then_wait(replica, link, primary, deadline_s=10.0):
     """Lose the backup under a push, and wait until the watcher is done: it seeded a new backup or gave up."""
     del link.mirrors["ps:1"]
@@ -233,7 +267,7 @@ def test_a_store_error_while_waiting_for_the_backup_is_retried_not_the_end_of_re
     primary = _service(AsyncPolicy())
     replica, said = _replicated(primary, link)
     replica.retry_every = 0.01
-    answers = [RuntimeError("store unreachable"), ClusterTimeoutError("not back within 1 s"), "ps:1:r1"]
+    answers = [RuntimeError("store unreachable"), ConnectionResetError("Connection reset by peer"), "ps:1:r1"]
 
     def wait_for_restart(task, lost, cause):
         answer = answers.pop(0)
@@ -247,6 +281,46 @@ def test_a_store_error_while_waiting_for_the_backup_is_retried_not_the_end_of_re
     assert reply.done() and replica.backup == "ps:1:r1" and not answers
     assert sum("still waiting" in line for line in said) == 2
     link.flush()
+    _same(primary, link.mirrors["ps:1:r1"])
+
+
+@pytest.mark.parametrize("healed", [True, False])
+def test_a_backup_not_restarted_in_time_is_offered_a_seed_again_on_a_new_connection(healed):
+    """A backup whose calls failed but that is not restarted within the wait may live on, cut off from the primary
+    (a network partition): the primary opens a new connection and seeds that same incarnation. Healed, it holds
+    the part again; still cut off (or dead after all), that seed fails and the watch goes on to its restart."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    reconnected = []
+    replica, said = _replicated(primary, link, reconnect=reconnected.append)
+    answers = [ClusterTimeoutError("not back within 75 s"), "ps:1:r1"]
+
+    def wait_for_restart(task, lost, cause):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        link.mirrors[answer] = Mirror("model", 0)
+        return answer
+
+    replica._wait_for_restart = wait_for_restart
+    mirror = link.mirrors["ps:1"]
+    _lose_backup_then_wait(replica, link, primary)
+    deadline = time.monotonic() + 10
+    while replica.backup != "ps:1" and time.monotonic() < deadline:  # the watcher thread seeds
+        time.sleep(0.01)
+    assert reconnected == ["ps:1"] and replica.backup == "ps:1"  # the seed to the same incarnation is on its way
+    if healed:
+        link.mirrors["ps:1"] = mirror
+        link.flush()
+        assert replica.backup == "ps:1" and not replica.is_degraded and answers == ["ps:1:r1"]
+        _same(primary, mirror)
+        return
+    link.flush()  # the seed fails: the next watch waits for the restart
+    deadline = time.monotonic() + 10
+    while replica.backup != "ps:1:r1" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    link.flush()
+    assert replica.backup == "ps:1:r1" and not answers
     _same(primary, link.mirrors["ps:1:r1"])
 
 

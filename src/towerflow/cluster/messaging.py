@@ -36,7 +36,7 @@ from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, monit
 from towerflow.errors import ClusterTimeoutError
 
 _HEARTBEAT_EVERY_MS = 1000
-_CALL, _REPLY, _STOP = b"c", b"r", b"s"  # what the outbox carries to the socket thread
+_CALL, _REPLY, _STOP, _RECONNECT = b"c", b"r", b"s", b"n"  # what the outbox carries to the socket thread
 
 deferred, quick = wire.deferred, wire.quick
 
@@ -174,9 +174,20 @@ class Endpoint:
             else:
                 peer.backlog.append(frames[3:])
                 self._send_backlog(peer)
+        elif kind == _RECONNECT:
+            peer = self._peers.get(frames[1].bytes.decode())
+            if peer is not None and peer.failure is not None:
+                del self._peers[peer.name]
         else:
             return False
         return True
+
+    def reconnect(self, to: str) -> None:
+        """Let the next call to `to` open a new connection, its last one having been lost while the task may live on
+        (cut off from this one, not dead); calls made before this failed with that loss. Its address is looked up
+        again too."""
+        self._addresses.pop(to, None)
+        self._post([_RECONNECT, to.encode()])
 
     def _send_backlog(self, peer: _Peer) -> None:
         """Send `peer`'s waiting calls without blocking: a DEALER with no connection to queue on blocks a send,

@@ -188,6 +188,11 @@ def direct_channel(to: str):
     return _serving(to).direct(to)
 
 
+def reconnect(to: str) -> None:
+    """The next call to task `to` opens a new connection: its last one was lost, and the task may live on."""
+    _serving(to).reconnect(to)
+
+
 def on_socket_thread() -> bool:
     """Whether the calling thread is this process's messaging thread (which runs `deferred` functions and must
     not wait on a reply)."""

@@ -62,6 +62,13 @@ def backup_for(task: int, num_ps: int, replicas: int) -> Optional[int]:
     return backup_of(task, num_ps) if replicas > 1 else None
 
 
+def unreplicated_key(model: str, primary: str) -> str:
+    """Where a primary incarnation (its call name) says that it may have answered workers without its backup: "1"
+    from its backup's loss until a new backup acknowledges its seed, then "0". Its mirror may lack what those
+    answers showed, so the chief does not restore from a mirror whose feeder said "1"."""
+    return f"ps/{model}/unreplicated/{primary}"
+
+
 @dataclasses.dataclass(frozen=True)
 class PushOp:
     """A worker's push (`ShardService.push`'s arguments)."""

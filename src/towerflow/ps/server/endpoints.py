@@ -21,7 +21,7 @@ from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, Endpoints, PushOutcome, PushPull, PushPulled, RowRead, Ticket
-from towerflow.ps.replication_messages import MirrorState, ReplicaFrame
+from towerflow.ps.replication_messages import MirrorState, ReplicaFrame, unreplicated_key
 from towerflow.ps.server import linked as _linked
 from towerflow.ps.server import mirror_link as _mirror_link
 from towerflow.ps.server import snapshot as _snapshot
@@ -94,13 +94,16 @@ def _replicate(model: str, task: int, service: ShardService, backup_task: int, r
     server = _server.current()
     replica = service.replica
     if not isinstance(replica, Replicator):
+        sender = server.rpc_name_of("ps", task)
         replica = Replicator(
-            model, task, server.rpc_name_of("ps", task), backup_task, service._lock,
+            model, task, sender, backup_task, service._lock,
             lambda: _snapshot.take(service),
             lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
             _transport.is_peer_lost,
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause),
-            direct=_direct_sender(server, model, task, backup_task, service), max_lag=max_lag)
+            direct=_direct_sender(server, model, task, backup_task, service), max_lag=max_lag,
+            mark_unreplicated=lambda on: server.publish(unreplicated_key(model, sender), "1" if on else "0"),
+            reconnect=_transport.reconnect)
         service.replica = replica
     elif not reseed:
         return

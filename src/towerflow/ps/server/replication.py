@@ -23,8 +23,10 @@ behind, and a lost primary comes back without at most `max_lag` acknowledged pus
 workers count and report as lost updates (`ps/worker/recovery.py`).
 
 A lost backup does not stop training: the primary goes on unreplicated (a warning, `degraded` in its
-metrics), waits for the launcher to restart the backup task, and seeds the new incarnation with a
-snapshot of its whole state, after which forwarding resumes.
+metrics, and a mark in the store so that the chief never restores from the mirror it outran), waits
+for the launcher to restart the backup task, and seeds the new incarnation with a snapshot of its
+whole state, after which forwarding resumes. A backup that is not restarted may have been cut off,
+not lost: it is offered a seed again.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from towerflow.errors import PeerLostError
+from towerflow.errors import ClusterTimeoutError, PeerLostError
 from towerflow.ps.replication_messages import PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot
 
 # (a reply's future, its value, the worker it goes to: None for a reply nobody could send again)
@@ -80,6 +82,9 @@ class Replicator:
     taken under the lock), `call(to, frame)` sends a frame and returns a future of the backup's
     acknowledged number, `is_lost(error)` says whether a failed call means the backup is gone, and
     `wait_for_restart(task, lost_name, cause)` blocks until that task is back, returning its new name.
+    `mark_unreplicated(on)` tells the chief whether replies may have gone out that the mirror lacks (a lost backup:
+    on, before the first such reply; a new backup's seed acknowledged: off), so that it never restores a stale mirror.
+    `reconnect(to)` lets the next call to `to` open a new connection (after a loss that may have been a partition).
     `direct(to)`, when given, opens the calling thread's own connection to `to` (a function of a frame
     returning a call whose `result()` is the ack, read in that thread), or returns None in a thread that
     must not wait (the messaging thread): a same-host link's thread then sends its ops and reads their acks
@@ -92,7 +97,8 @@ class Replicator:
                  snapshot: Callable[[], ServiceSnapshot], call: Callable[[str, ReplicaFrame], torch.futures.Future],
                  is_lost: Callable[[BaseException], bool], wait_for_restart: Callable[[int, str, str], str],
                  say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None,
-                 max_lag: int = 0):
+                 max_lag: int = 0, mark_unreplicated: Optional[Callable[[bool], None]] = None,
+                 reconnect: Optional[Callable[[str], None]] = None):
         self.model, self.task, self.sender, self.backup_task = model, task, sender, backup_task
         self._service_lock = lock
         self._snapshot = snapshot
@@ -112,6 +118,7 @@ class Replicator:
         self.backup_losses = 0
         self.degraded_since: Optional[float] = time.monotonic()
         self._watching = False
+        self._watch_again: Optional[Tuple[str, str]] = None
         self.retry_every = 1.0  # the first pause before asking again whether a lost backup is back
         # A thread's own connection has its acks read by that thread alone, when its next reply needs them; a reply
         # allowed to run ahead may then wait for an ack another thread holds unread while that thread's worker
@@ -119,6 +126,10 @@ class Replicator:
         self._direct = None if max_lag else direct
         self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
         self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
+        self._mark = mark_unreplicated or (lambda on: None)
+        self._reconnect = reconnect or (lambda to: None)
+        self._marked = False  # said "unreplicated", not yet taken back
+        self._seed_seq = 0  # the number of the current backup's seed
 
     # ---- under the service's lock
     def forward(self, op: ReplicaOp) -> None:
@@ -251,11 +262,29 @@ class Replicator:
             ready = []
             while self._held and self._held[0][0] <= self.acked:
                 ready += heapq.heappop(self._held)[2]
+            replicated_again = self._marked and self.acked >= self._seed_seq
+            self._marked = self._marked and not replicated_again
         _complete(ready)
+        if replicated_again:
+            self._tell_chief(False)
+
+    def _tell_chief(self, unreplicated: bool) -> None:
+        try:
+            self._mark(unreplicated)
+        except Exception as e:  # the store is unreachable: the chief may then restore a mirror this task outran
+            self._say(f"could not record that /job:ps/task:{self.task}'s part of {self.model!r} is "
+                      f"{'un' if unreplicated else ''}replicated ({type(e).__name__}: {e})")
 
     # ---- the backup's loss and return
     def _backup_failed(self, to: str, error: BaseException) -> None:
         lost = self._is_lost(error)
+        with self._lock:
+            if to != self.backup:
+                return
+            first = not self._marked
+            self._marked = True
+        if first:  # before any reply goes out without the backup
+            self._tell_chief(True)
         with self._lock:
             if to != self.backup:
                 return
@@ -272,11 +301,15 @@ class Replicator:
             self.watch(to, str(error))
 
     def watch(self, lost_name: str, cause: str) -> None:
-        """In a thread: wait for the backup task's next incarnation, then seed it. Only the news that it will not
-        be restarted ends the watch: a store that failed or a backup slow to come back is waited for again."""
-        if self._watching:
-            return
-        self._watching = True
+        """In a thread: wait for the backup task's next incarnation, then seed it. One not restarted within the wait
+        may live on, cut off from this task (a network partition): it is offered a seed again, over a new
+        connection. Only the news that it will not be restarted ends the watch: a store that failed is asked again,
+        and a seed that fails starts the next watch."""
+        with self._lock:
+            if self._watching:  # the seed this watch sends failed already: watch again once it is done
+                self._watch_again = (lost_name, cause)
+                return
+            self._watching = True
 
         def run() -> None:
             try:
@@ -288,6 +321,9 @@ class Replicator:
                         self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} will not be back "
                                   f"({e}); /job:ps/task:{self.task}'s part stays unreplicated")
                         return
+                    except ClusterTimeoutError:
+                        self._reconnect(lost_name)
+                        back = lost_name
                     except Exception as e:
                         self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} is not back yet "
                                   f"({type(e).__name__}: {e}); still waiting for it")
@@ -297,7 +333,11 @@ class Replicator:
                     self.seed(back)
                     return
             finally:
-                self._watching = False
+                with self._lock:
+                    self._watching = False
+                    again, self._watch_again = self._watch_again, None
+                if again is not None:
+                    self.watch(*again)
 
         threading.Thread(target=run, name=f"towerflow-reseed-{self.model}", daemon=True).start()
 
@@ -308,6 +348,7 @@ class Replicator:
             with self._lock:
                 self.backup = to  # replies held until now wait for this seed's ack: it holds all they show
                 self.seq += 1
+                self._seed_seq = self.seq
                 self.seeds += 1
                 self.degraded_since = None
                 seq = self.seq

@@ -4,8 +4,9 @@ A restarted ps task comes back empty. With replicated shards its part lives on i
 holds (`ps/server/mirror.py`), equal to the lost primary up to the last op it forwarded, which covers
 every reply a worker got. So the chief asks each empty task's backup for its mirror and sends it to the
 task; the tasks that kept their state are not touched (no step goes back). When an empty task's
-backup holds no mirror fed by the lost incarnation (it was lost too, or restarted since), that part's
-every replica is gone, and the caller falls back to the newest checkpoint for every task.
+backup holds no mirror fed by the lost incarnation (it was lost too, or restarted since), or that
+incarnation said it went on without its backup (cut off from it), that part's every replica is gone,
+and the caller falls back to the newest checkpoint for every task.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Callable, Dict, List, Optional
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.membership import rpc_name
 from towerflow.ps.messages import Endpoints
-from towerflow.ps.replication_messages import MirrorState, backup_of
+from towerflow.ps.replication_messages import MirrorState, backup_of, unreplicated_key
 
 
 def outcome_key(model: str, incarnation: str) -> str:
@@ -38,7 +39,7 @@ def restore(client, publish: Callable[[str, str], None]) -> Optional[Dict[int, s
             return None
         state = _mirror_state(server, client.model_name, ch.task, backup)
         lost = rpc_name("ps", ch.task, max(0, server.membership.incarnation_of("ps", ch.task) - 1))
-        if state is None or state.snapshot is None or state.fed_by != lost:
+        if not holds_all_it_answered(state, lost, server.lookup(unreplicated_key(client.model_name, lost))):
             return None
         mirrors[ch.task] = state
         sources[ch.task] = f"/job:ps/task:{backup}"
@@ -52,6 +53,13 @@ def restore(client, publish: Callable[[str, str], None]) -> Optional[Dict[int, s
         client.wait(ch, f)
     client.opened = True
     return sources
+
+
+def holds_all_it_answered(state: Optional[MirrorState], lost: str, unreplicated: Optional[str]) -> bool:
+    """Whether a mirror can stand for the lost primary incarnation `lost`: it was seeded by that incarnation and
+    applied every op since, and that incarnation never said it went on without it (`unreplicated`: what it
+    published under `unreplicated_key`; a backup cut off while alive keeps a mirror that stopped early)."""
+    return state is not None and state.snapshot is not None and state.fed_by == lost and unreplicated != "1"
 
 
 def _mirror_state(server, model: str, primary: int, backup: int) -> Optional[MirrorState]:
