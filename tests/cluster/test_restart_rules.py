@@ -91,3 +91,48 @@ def test_a_restarted_task_takes_over_a_dead_holders_slot_but_not_a_live_ones(mon
     fresh.rendezvous.store.set("slot/worker/1", live)
     with pytest.raises(ClusterJoinError, match="is already taken by another process"):
         fresh.rendezvous.claim_slot()
+
+
+def _beating(store, key, every=0.05, times=50):
+    import threading
+
+    def run():
+        for _ in range(times):
+            store.add(key, 1)
+            time.sleep(every)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def test_a_lost_incarnation_that_goes_on_beating_lives_on_and_the_caller_connects_again(monkeypatch):
+    """A connection can be lost while its task lives on (cut off, a stall): no restart will come, so a wait that
+    allows it returns the lost name itself once that incarnation has beaten a few times."""
+    from towerflow.cluster import membership
+
+    monkeypatch.setattr(membership, "BEAT_EVERY", 0.05)
+    s = _server(monkeypatch, max_restarts=0)
+    _beating(s.rendezvous.store, "beat/worker/0")
+    start = time.monotonic()
+    assert s.wait_for_restart("worker", 0, "worker:0", "closed", timeout=10, alive_ok=True) == "worker:0"
+    assert time.monotonic() - start < 5
+
+
+def test_a_silent_lost_incarnation_is_waited_for_and_one_restart_beat_is_not_life(monkeypatch):
+    from towerflow.cluster import membership
+
+    monkeypatch.setattr(membership, "BEAT_EVERY", 0.05)
+    s = _server(monkeypatch, max_restarts=1)
+    store = s.rendezvous.store
+
+    def restart():  # the new incarnation beats once, then names itself
+        time.sleep(0.5)
+        store.add("beat/worker/0", 1)
+        time.sleep(0.3)
+        store.set("incarnation/worker/0", "1")
+
+    import threading
+    threading.Thread(target=restart, daemon=True).start()
+    assert s.wait_for_restart("worker", 0, "worker:0", "killed", timeout=10, alive_ok=True) == "worker:0:r1"
+    s0 = _server(monkeypatch, max_restarts=0)  # silent, and no restart left: lost, once it stayed silent
+    with pytest.raises(ClusterError, match="will not be restarted"):
+        s0.wait_for_restart("worker", 0, "worker:0", "killed", timeout=10, alive_ok=True)

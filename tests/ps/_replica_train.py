@@ -9,7 +9,8 @@ an id on its second sighting, and a linear head). The chief checkpoints every 20
 global steps (MonitoredTrainingSession) and, for each `STEP:TASK[+TASK...]` of KILLS (comma-separated,
 or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms later from a thread
 (so the kill lands anywhere in the next steps: between calls, or with a push in flight); a TASK `chief`
-kills the chief itself right after (as a host holding both would go down), once: not when restarted. The chief
+kills the chief itself right after (as a host holding both would go down), once: not when restarted; a TASK
+`cutN` leaves ps task N running but aborts every TCP connection to it (`ss -K`). The chief
 writes the final values, the ps tasks' whole state (`optimizer.state_dict()`: values, optimizer and table
 state, clocks), the global step and its recoveries to DIR/final.pt.
 """
@@ -17,6 +18,7 @@ state, clocks), the global step and its recoveries to DIR/final.pt.
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -46,17 +48,31 @@ def ps_pid(task: int) -> int:
     raise RuntimeError(f"no live process of /job:ps/task:{task}")
 
 
+def cut_connections(pid: int) -> None:
+    """Abort every TCP connection to the ports process `pid` listens on (`ss -K`): the process lives on, cut off."""
+    listening = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    ports = [line.split()[3].rsplit(":", 1)[1] for line in listening.splitlines() if f"pid={pid}," in line]
+    for port in ports:
+        subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", port], capture_output=True, check=True)
+    print(f"_replica_train: cut the connections to pid {pid} (ports {ports})", flush=True)
+
+
 def kill_soon(tasks) -> None:
-    """SIGKILL those ps tasks a random 0-5 ms later; with "chief" among them, this process too, right after."""
+    """SIGKILL those ps tasks a random 0-5 ms later (`cutN`: cut ps task N's connections instead); with "chief"
+    among them, this process too, right after."""
     itself = "chief" in tasks
-    tasks = [t for t in tasks if t != "chief"]
+    cut = [ps_pid(int(t[3:])) for t in tasks if isinstance(t, str) and t.startswith("cut")]
+    tasks = [t for t in tasks if isinstance(t, int)]
     pids = [ps_pid(t) for t in tasks]
 
     def run() -> None:
         time.sleep(random.uniform(0, 0.005))
+        for pid in cut:
+            cut_connections(pid)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        print(f"_replica_train: killed ps tasks {tasks} (pids {pids}){' and the chief' if itself else ''}", flush=True)
+        if pids or itself:
+            print(f"_replica_train: killed ps tasks {tasks} (pids {pids}){' and the chief' if itself else ''}", flush=True)
         if itself:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -97,7 +113,7 @@ data = torch.Generator().manual_seed(100 + strategy.replica_id)
 plan = {}
 for item in ([] if kills == "none" else kills.split(",")):
     at, tasks = item.split(":")
-    plan[int(at)] = [t if t == "chief" else int(t) for t in tasks.split("+")]
+    plan[int(at)] = [t if t == "chief" or t.startswith("cut") else int(t) for t in tasks.split("+")]
 if os.environ.get("TOWERFLOW_RESTART_COUNT", "0") != "0":
     plan = {}  # a restarted chief kills nothing again
 

@@ -1,5 +1,6 @@
 """A worker's side of a restore from a mirror (`Recovery._send_again`), against a fake client: which of its kept
-pushes it sends again, and, with asynchronous replication, how many the restored ps lost for good."""
+pushes it sends again, and, with asynchronous replication, how many the restored ps lost for good; and the same
+sending again after a connection lost to a ps task that lived on (nothing restored)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,55 @@ def test_with_a_replica_lag_the_pushes_beyond_those_kept_are_counted_lost_and_tr
     assert client.pushed_again == [(0, 9), (0, 10)]
     assert client.installed == [("push", 0, 10), ("pull", 1)]
     assert client.pushes == 10
+
+
+class _Server:
+    """A ps task that lives on: its incarnation keeps beating, so the wait for its restart returns its own name."""
+
+    def __init__(self):
+        self.name, self.max_restarts, self.heartbeat_timeout = "/job:worker/task:0", 3, 15.0
+        self.membership = types.SimpleNamespace(join_timeout=60.0)
+        self.waited = []
+
+    def wait_for_restart(self, job, task, lost, cause, alive_ok=False):
+        self.waited.append((task, alive_ok))
+        return lost
+
+    def rpc_name_of(self, job, task):
+        return f"ps:{task}"
+
+
+def test_a_connection_lost_to_a_ps_that_lives_on_is_opened_again_and_nothing_is_restored(monkeypatch):
+    """The chief's connection to ps 0 closed while ps 0 went on (its heartbeats say so): no restart will come, so the
+    worker connects again, learns what ps 0 counted, sends again the push it lacks, and no ps task is restored."""
+    from towerflow.ps.worker import recovery as _recovery
+    from towerflow.ps.worker.client import PSLost
+
+    reconnected = []
+    monkeypatch.setattr(_recovery._transport, "reconnect", reconnected.append)
+    client = _Client([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
+    client.server, client.is_chief, client.global_step, client.pushes = _Server(), True, 20, 10
+    counted = {0: 9, 1: 10}  # ps 0 never got the step's push
+    client.follow_restarts = lambda: None
+    client.rejoin = lambda restarted, wait_open: [setattr(ch, "pushes", counted[ch.task]) for ch in client.channels]
+    recovery = Recovery(client)
+    monkeypatch.setattr(recovery, "restore_ps", lambda: pytest.fail("a live ps task was restored"))
+    recovery.recover(PSLost(0, "ps:0", RuntimeError("the connection from worker:0 to ps:0 closed")))
+    assert reconnected == ["ps:0"] and client.server.waited == [(0, True)]
+    assert client.pushed_again == [(0, 10)]
+    (record,) = recovery.recoveries
+    assert record["reconnected"] and record["steps_lost"] == 0 and record["pushes_lost"] == 0
+
+
+def test_a_ps_that_lives_on_but_stays_out_of_reach_ends_the_wait_with_the_reason(monkeypatch):
+    import time
+
+    from towerflow.ps.worker import recovery as _recovery
+    from towerflow.ps.worker.client import PSLost
+
+    monkeypatch.setattr(_recovery._transport, "reconnect", lambda name: None)
+    client = _Client([_Channel(0, 10, [9, 10])], replica_lag=0)
+    client.server = _Server()
+    gone = PSLost(0, "ps:0", RuntimeError("the connection from worker:0 to ps:0 closed"))
+    with pytest.raises(ParameterServerError, match=r"cannot reach /job:ps/task:0 \(ps:0\), which is still running"):
+        Recovery(client)._connect_again([gone], seen=time.monotonic() - 100)

@@ -84,6 +84,31 @@ def free_master_port(n: int) -> int:
     raise RuntimeError("no block of free ports in 12000-32000")
 
 
+def still_running(pid: int) -> str:
+    """What `pid` and its descendants are doing, one line each: state, kernel wait channel and the names of their
+    threads (a process stuck at exit shows which native threads it still has)."""
+    import psutil
+
+    lines = []
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return "(nothing left)"
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/wchan") as f:
+                wchan = f.read().strip()
+            names = []
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                with open(f"/proc/{p.pid}/task/{tid}/comm") as f:
+                    names.append(f.read().strip())
+            lines.append(f"pid {p.pid} ({' '.join(p.cmdline()[-2:])}): {p.status()}, waits in {wchan or '-'}, "
+                         f"threads {sorted(names)}")
+        except (psutil.NoSuchProcess, OSError):
+            continue
+    return "\n".join(lines)
+
+
 def kill_tree(pid: int, grace: float = 5.0) -> None:
     """SIGTERM `pid` and every descendant (launchers stop their tasks on it), then SIGKILL what is left."""
     import psutil

@@ -11,7 +11,7 @@ import time
 import pytest
 from torch.distributed.run import get_args_parser
 
-from _slots import SLOT_TASK, cluster_jsons, free_master_port, kill_tree, slots, task_env
+from _slots import SLOT_TASK, cluster_jsons, free_master_port, kill_tree, slots, still_running, task_env
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
@@ -29,9 +29,10 @@ def _torchrun(tmp_path, *args: str) -> str:
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
+        running = still_running(proc.pid)
         kill_tree(proc.pid)
         out, _ = proc.communicate()
-        raise AssertionError(f"torchrun still running after 120 s:\n{out[-4000:]}") from None
+        raise AssertionError(f"torchrun still running after 120 s:\n{running}\n{out[-4000:]}") from None
     finally:
         kill_tree(proc.pid)
     print(f"torchrun --nproc-per-node 2 {' '.join(args)}: {time.monotonic() - t0:.1f} s")

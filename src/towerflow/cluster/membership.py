@@ -22,6 +22,8 @@ from towerflow.cluster.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterTimeoutError, PeerLostError
 
+ALIVE_BEATS = 3  # beats of a lost incarnation that show it lives on (`wait_for_restart(alive_ok=True)`)
+
 
 def rpc_name(job: str, index: int, incarnation: int = 0) -> str:
     """The call name of one incarnation of a task (a restarted task serves under a new name, so a call
@@ -84,22 +86,31 @@ class Membership:
             return None
         return failed
 
-    def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None) -> str:
+    def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None,
+                         alive_ok: bool = False) -> str:
         """Wait until task (job, index), whose incarnation named `lost` is gone, has been restarted
         and joined again; returns the new incarnation's RPC name.
 
-        Raises PeerLostError at once when the launcher will not restart it (no restarts left), and
-        ClusterTimeoutError when it is not back within `timeout` (default: heartbeat + join timeouts).
+        `alive_ok`: return `lost` itself when that incarnation goes on beating (ALIVE_BEATS beats since the
+        wait began: a new incarnation beats once before it names itself, a dead one at most once more): it
+        lives, only a connection to it was lost (cut off, or a stall), and the caller connects again.
+        Raises PeerLostError when the launcher will not restart it (no restarts left; with `alive_ok` once
+        it has not beaten for that long), and ClusterTimeoutError when it is not back within `timeout`
+        (default: heartbeat + join timeouts).
         """
         name = task_name(job, index)
         limit = self.heartbeat_timeout + self.join_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        beats = self._beats(job, index) if alive_ok else 0
+        silent_until = time.monotonic() + (ALIVE_BEATS + 1) * BEAT_EVERY if alive_ok else 0.0
         while True:
             current = self.rpc_name_of(job, index)
             if current != lost:
                 return current
+            if alive_ok and self._beats(job, index) - beats >= ALIVE_BEATS:
+                return lost
             incarnation = self._incarnations[(job, index)]
-            if incarnation >= self.max_restarts:
+            if incarnation >= self.max_restarts and time.monotonic() >= silent_until:
                 failed = _failures.failure_of(self._store, job, index)
                 if failed is not None:  # it stopped on an error: that is the news
                     raise PeerLostError(f"{self.name} lost {name}, which {failed.summary}", task=name)
@@ -118,6 +129,9 @@ class Membership:
                     missing=[name],
                 )
             time.sleep(POLL)
+
+    def _beats(self, job: str, index: int) -> int:
+        return self._store.add(self.rendezvous.key("beat", job, index), 0)
 
     # --- heartbeats --------------------------------------------------------------------------
 

@@ -234,9 +234,11 @@ class Server:
         """The RPC name of a task's current incarnation (a task that was restarted joined under a new name)."""
         return self.membership.rpc_name_of(job, index)
 
-    def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None) -> str:
-        """Wait until the task whose incarnation `lost` is gone is back; its new RPC name (Membership.wait_for_restart)."""
-        return self.membership.wait_for_restart(job, index, lost, cause, timeout)
+    def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None,
+                         alive_ok: bool = False) -> str:
+        """Wait until the task whose incarnation `lost` is gone is back; its new RPC name, or with `alive_ok` `lost`
+        itself when that incarnation lives on (Membership.wait_for_restart)."""
+        return self.membership.wait_for_restart(job, index, lost, cause, timeout, alive_ok)
 
     def check_peers(self, seen: dict, serving: Sequence[str] = ()) -> None:
         """Raise PeerLostError when another running task failed or went silent (Membership.check_peers)."""

@@ -102,27 +102,30 @@ class MonitoredTrainingSession:
         for hook in self.hooks:
             hook.begin(self)
         if self.checkpoints is not None:
+            ps_restored = False
             if self.is_chief and hasattr(self.strategy, "restore_ps_from"):  # (first: it may restore the ps tasks now)
-                self.strategy.restore_ps_from(self._newest_shared_state)
-            self._restore()
+                ps_restored = bool(self.strategy.restore_ps_from(self._newest_shared_state))
+            self._restore(ps_restored)
         for hook in self.hooks:
             hook.after_create_session(self)
         return self
 
-    def _restore(self) -> None:
+    def _restore(self, ps_restored: bool = False) -> None:
         """Restore the newest checkpoint, unless the running state is newer: a restarted chief whose
         ps tasks kept training finds them ahead of any checkpoint. With shared variables (a ps
-        strategy) only the chief restores them; the others pull what it restored."""
+        strategy) only the chief restores them; the others pull what it restored. `ps_restored`: the
+        strategy has just put the ps tasks back to that checkpoint; the rest of it (the data's position)
+        is restored here, the ps state not again."""
         if getattr(self.strategy, "shared_variables", False) and not self.is_chief:
             return
         latest = self.checkpoints.latest()
         if latest is None:
             return
-        if self.global_step > 0 and latest.step <= self.global_step:
+        if not ps_restored and self.global_step > 0 and latest.step <= self.global_step:
             _say(f"{self.task}: kept the running state at global step {self.global_step}; the newest checkpoint "
                  f"({os.path.basename(latest.path)}, step {latest.step}) is not newer")
             return
-        self.restored = self.checkpoints.restore(self.model, self.optimizer, latest)
+        self.restored = self.checkpoints.restore(self.model, None if ps_restored else self.optimizer, latest)
         self._set_global_step(self.restored.step)
         restore_files = getattr(self.strategy, "restore_files_checkpoint", None)
         if restore_files is not None:  # where its files stand, also on another number of workers

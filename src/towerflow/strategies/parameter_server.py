@@ -230,13 +230,13 @@ class ParameterServerStrategy(Strategy):
                               self.lookups, self.local_steps)
         return model, wrapped
 
-    def restore_ps_from(self, source: Callable[[], Any]) -> None:
+    def restore_ps_from(self, source: Callable[[], Any]) -> bool:
         """Where the chief finds the ps tasks' state when a ps is lost: `source()` returns
         (step, path, state) of the newest checkpoint, state as `optimizer.state_dict()` saved it,
         or None. MonitoredTrainingSession with a logdir sets this. A restarted chief that found ps tasks lost
-        together with it and no mirror of theirs restores every ps task from it now."""
+        together with it and no mirror of theirs restores every ps task from it now (returns True)."""
         self.recovery.restore_source = source
-        self.recovery.finish_pending_restore()
+        return self.recovery.finish_pending_restore()
 
     def _batch_weight(self, batch) -> float:
         return 1.0  # each worker's gradient is its own batch's mean: the ps averages (sync) or applies it as is

@@ -100,7 +100,7 @@ def _replicate(model: str, task: int, service: ShardService, backup_task: int, r
             lambda: _snapshot.take(service),
             lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
             _transport.is_peer_lost,
-            lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause),
+            lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause, alive_ok=True),
             direct=_direct_sender(server, model, task, backup_task, service), max_lag=max_lag,
             mark_unreplicated=lambda on: server.publish(unreplicated_key(model, sender), "1" if on else "0"),
             reconnect=_transport.reconnect)

@@ -119,6 +119,8 @@ class Replicator:
         self.degraded_since: Optional[float] = time.monotonic()
         self._watching = False
         self._watch_again: Optional[Tuple[str, str]] = None
+        self._last_lost: Optional[str] = None  # the backup incarnation whose loss was said last
+        self._cut_off_pause = 0.0  # before the next seed offered to a backup that lives on, cut off
         self.retry_every = 1.0  # the first pause before asking again whether a lost backup is back
         # A thread's own connection has its acks read by that thread alone, when its next reply needs them; a reply
         # allowed to run ahead may then wait for an ack another thread holds unread while that thread's worker
@@ -264,6 +266,8 @@ class Replicator:
                 ready += heapq.heappop(self._held)[2]
             replicated_again = self._marked and self.acked >= self._seed_seq
             self._marked = self._marked and not replicated_again
+            if replicated_again:
+                self._last_lost, self._cut_off_pause = None, 0.0
         _complete(ready)
         if replicated_again:
             self._tell_chief(False)
@@ -295,16 +299,19 @@ class Replicator:
             self._held = []
         _complete(ready)
         what = "was lost" if lost else f"refused an op ({type(error).__name__}: {error})"
-        self._say(f"the backup of /job:ps/task:{self.task}'s part of {self.model!r} ({to}) {what}; going on "
-                  "unreplicated" + ("; it is seeded again once it is back" if lost else ""))
+        if to != self._last_lost:  # a backup cut off for a while fails each seed offered to it: said once
+            self._say(f"the backup of /job:ps/task:{self.task}'s part of {self.model!r} ({to}) {what}; going on "
+                      "unreplicated" + ("; it is seeded again once it is back" if lost else ""))
+        self._last_lost = to
         if lost:
             self.watch(to, str(error))
 
     def watch(self, lost_name: str, cause: str) -> None:
-        """In a thread: wait for the backup task's next incarnation, then seed it. One not restarted within the wait
-        may live on, cut off from this task (a network partition): it is offered a seed again, over a new
-        connection. Only the news that it will not be restarted ends the watch: a store that failed is asked again,
-        and a seed that fails starts the next watch."""
+        """In a thread: wait for the backup task's next incarnation, then seed it. One that goes on beating, or is
+        not restarted within the wait, may live on, cut off from this task (a network partition): it is offered a
+        seed again over a new connection, at once and then after pauses doubling up to 30 s (a seed is a snapshot
+        taken under the service's lock). Only the news that it will not be restarted ends the watch: a store that
+        failed is asked again, and a seed that fails starts the next watch."""
         with self._lock:
             if self._watching:  # the seed this watch sends failed already: watch again once it is done
                 self._watch_again = (lost_name, cause)
@@ -322,7 +329,6 @@ class Replicator:
                                   f"({e}); /job:ps/task:{self.task}'s part stays unreplicated")
                         return
                     except ClusterTimeoutError:
-                        self._reconnect(lost_name)
                         back = lost_name
                     except Exception as e:
                         self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} is not back yet "
@@ -330,6 +336,10 @@ class Replicator:
                         time.sleep(pause)
                         pause = min(2 * pause, 30.0)
                         continue
+                    if back == lost_name:  # it lives on, cut off from this task: over a new connection
+                        time.sleep(self._cut_off_pause)
+                        self._cut_off_pause = min(2 * self._cut_off_pause or self.retry_every, 30.0)
+                        self._reconnect(back)
                     self.seed(back)
                     return
             finally:

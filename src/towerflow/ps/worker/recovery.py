@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.worker import from_mirrors
@@ -80,13 +81,13 @@ class Recovery:
             self._say(f"restored /job:ps/task:{task}, lost together with this chief, from its mirror on {backup}")
         return restored is not None
 
-    def finish_pending_restore(self) -> None:
+    def finish_pending_restore(self) -> bool:
         """Chief: restore every ps task from the newest checkpoint after `connect` found some lost with it (the
-        other workers wait for that), and join them; a no-op otherwise. Without a checkpoint it raises, saying how
-        to keep one."""
+        other workers wait for that), and join them; whether it did (a no-op otherwise). Without a checkpoint it
+        raises, saying how to keep one."""
         client, lost = self.client, self.lost_with_chief
         if not lost:
-            return
+            return False
         self.lost_with_chief = []
         seen = time.monotonic()
         path = self.restore_ps()
@@ -99,6 +100,7 @@ class Recovery:
         self.recoveries.append({"ps_task": lost[0] if len(lost) == 1 else lost, "lost_with_chief": True,
                                 "resumed_at_step": client.global_step, "from_mirrors": False, "checkpoint": path,
                                 "seconds": round(time.monotonic() - seen, 2)})
+        return True
 
     def recover(self, lost: PSLost) -> None:
         """Wait for the launcher to restart the lost ps; the chief restores it (`restore_ps`), all pull
@@ -112,14 +114,21 @@ class Recovery:
         lost_tasks = {lost.task: lost}
         pushes_lost = 0  # with asynchronous replication: pushes the restored mirror lacked beyond those kept
         while True:
+            alive = []
             for gone in lost_tasks.values():
                 if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
                     self._say(f"lost /job:ps/task:{gone.task} at global step {before} ({gone.error}); waiting for "
                               "its restart")
-                self.server.wait_for_restart("ps", gone.task, gone.name, str(gone.error))
+                if self.server.wait_for_restart("ps", gone.task, gone.name, str(gone.error), alive_ok=True) == gone.name:
+                    alive.append(gone)
+            self._connect_again(alive, seen)
             client.follow_restarts()
             back_as = [self.server.rpc_name_of("ps", t) for t in sorted(lost_tasks)]  # this recovery's names
             try:
+                if len(alive) == len(lost_tasks):  # only connections were lost: nothing to restore
+                    client.rejoin(restarted=False, wait_open=False)
+                    pushes_lost, from_mirror, source = self._send_again(sent, clock), False, None
+                    break
                 source = self.restore_ps() if client.is_chief else None
                 client.rejoin(restarted=False, after_restore_of=back_as[-1])
                 from_mirror = self.server.lookup(from_mirrors.outcome_key(client.model_name, back_as[-1])) == "mirror"
@@ -132,6 +141,14 @@ class Recovery:
                 lost_tasks[again.task] = again
         took = time.monotonic() - seen
         tasks = sorted(lost_tasks)
+        if len(alive) == len(lost_tasks):
+            self.recoveries.append({"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
+                                    "resumed_at_step": client.global_step, "steps_lost": 0, "seconds": round(took, 2),
+                                    "from_mirrors": False, "reconnected": True, "pushes_lost": pushes_lost})
+            self._say(f"{', '.join(f'/job:ps/task:{t}' for t in tasks)} had not stopped (its heartbeats went on): "
+                      f"connected again; going on at global step {client.global_step}; lost: nothing (what it had not "
+                      f"counted is sent again); {took:.2f} s from seeing the loss to training again")
+            return
         record = {"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                   "resumed_at_step": client.global_step, "steps_lost": max(0, before - client.global_step),
                   "seconds": round(took, 2), "from_mirrors": from_mirror}
@@ -153,6 +170,20 @@ class Recovery:
             back_at = next((ch.to for ch in client.channels if ch.task == task), "?")
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
                       f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
+
+    def _connect_again(self, alive: List[PSLost], seen: float) -> None:
+        """Lost ps tasks whose incarnation lives on (its heartbeats go on): the next calls open new connections, for
+        as long as the heartbeat and join timeouts allow from when the loss was seen (then an error says so)."""
+        limit = self.server.heartbeat_timeout + self.server.membership.join_timeout
+        for gone in alive:
+            if time.monotonic() - seen > limit:
+                raise ParameterServerError(
+                    f"{self.server.name} cannot reach /job:ps/task:{gone.task} ({gone.name}), which is still running "
+                    f"(its heartbeats in the store go on): no call got through for {limit:g} s ({gone.error}). Check "
+                    "the network between the two hosts (a firewall, a partition), or whether that ps task is stuck")
+            self._say(f"/job:ps/task:{gone.task} ({gone.name}) is still running (its heartbeats go on): connecting to "
+                      "it again")
+            _transport.reconnect(gone.name)
 
     def _send_again(self, sent: Dict[int, int], clock: int) -> int:
         """After a restore from mirrors, put this worker back where it was, as if nothing had happened. A ps task
