@@ -1,7 +1,7 @@
 """benchmarks/chaos.py's job on three network-namespace hosts (root), as on three machines
 (tests/multihost/netns.py): the ps and the two workers each on a host of its own, or, with
 `ps_replicas=2`, two ps tasks mirrored on each other on two hosts with a worker beside the second; a
-launcher per task.
+launcher per task. A host can be killed (every process on it) or cut off for a while (its cable unplugged).
 
 With `store="etcd"` every host also runs a member of a 3-member etcd cluster (tests/cluster/_etcd.py,
 data on tmpfs, as a machine's disk) that holds the rendezvous (`--store etcd://...`); a lost host
@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -44,6 +45,7 @@ class NamespaceHosts:
         self.env = {"TOWERFLOW_CLUSTER_TOKEN": "chaos-" + os.urandom(4).hex(), "PYTHONPATH": env["PYTHONPATH"]}
         self.flags = ["--max-restarts", "1000", "--logdir", str(work / "logdir"), "--ps-replicas", str(ps_replicas)]
         self.etcd: List = []
+        self._timers: List[threading.Timer] = []
         self._etcd_data: Optional[Path] = None
         try:
             if store == "etcd":
@@ -96,9 +98,23 @@ class NamespaceHosts:
         pid = self.output.pids().get(task)
         return pid is not None and kill_pid(pid)
 
+    def _host_of(self, task: str) -> int:
+        return next(i for i, tasks in enumerate(self.places) if any(f"/job:{j}/task:{k}" == task for j, k in tasks))
+
+    def cut_host(self, task: str, seconds: float) -> bool:
+        """The task's host loses its network cable for `seconds`: every process on it lives on, cut off from the
+        others (and its etcd member from the other two); then the cable is plugged back."""
+        host = self.hosts[self._host_of(task)]
+        host.link(False)
+        timer = threading.Timer(seconds, host.link, args=(True,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+        return True
+
     def kill_host(self, task: str) -> bool:
         """Every process of the task's host dies (its launchers too); then its launchers start again."""
-        i = next(i for i, tasks in enumerate(self.places) if any(f"/job:{j}/task:{k}" == task for j, k in tasks))
+        i = self._host_of(task)
         if all(p.popen.poll() is not None for p in self.procs[i]):
             return False
         for p in self.procs[i]:
@@ -114,6 +130,8 @@ class NamespaceHosts:
         return next((c for c in codes if c), 0)
 
     def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
         self.hosts.close()
         if self._etcd_data is not None:
             shutil.rmtree(self._etcd_data, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Chaos: SIGKILL a random task (or a whole host) every K seconds for a whole run, and report what it cost.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host] [--store etcd] [--every 30]
+    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host|link] [--down 25] [--store etcd] [--every 30]
         [--steps 20000] [--mode async] [--ps 1] [--ps-replicas 1] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
 
 The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`
@@ -11,7 +11,8 @@ undisturbed run again (the machine's load drifts); all run `--steps` global step
 is the undisturbed runs' mean wall time over the chaos run's (its global steps/s against theirs).
 `--hosts 1`: one `towerflow launch` runs the whole cluster. `--hosts 3` (root, `ip netns`): the ps and the two workers each on a network-namespace
 host with a launcher of its own (`--cluster FILE`); `--kill host` there kills a host's launcher with
-every task on it, then starts that launcher again, as a machine that reboots.
+every task on it, then starts that launcher again, as a machine that reboots; `--kill link` unplugs a
+host's network cable for `--down` s, every process on it living on, cut off (a partition).
 
 The kills come every K s from the first step on, at a random task each time; the next kill waits for
 the last one's recovery (a second loss during a recovery is another test). Reported: exit code, test
@@ -43,6 +44,10 @@ _STARTED = re.compile(r"(/job:\w+/task:\d+) \(pid (\d+)\)")
 _RESTARTED = re.compile(r"(/job:\w+/task:\d+) \(pid \d+\) .*restarting it \(\d+ of \d+\) as pid (\d+)")
 _LOST_STEPS = re.compile(r"lost: (\d+) global steps since that checkpoint")
 _ACCURACY = re.compile(r"\[worker:0\] test accuracy: (\d\.\d+)")
+
+
+# after a host was cut off: a worker connected again to a ps task that had lived on behind the cut, or a task back
+_RECONNECTED = re.compile(r"had not stopped \(its heartbeats went on\): connected again| is back \(| rejoined training")
 
 
 def recovered_line(task: str) -> re.Pattern:
@@ -142,8 +147,10 @@ def _killpg(pid: int) -> None:
 
 
 def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: random.Random,
-            max_kills: Optional[int] = None) -> dict:
-    """One run: kills every `every` s (none when `kill` is None; at most `max_kills`) until the job ends."""
+            max_kills: Optional[int] = None, down: float = 25.0) -> dict:
+    """One run: kills every `every` s (none when `kill` is None; at most `max_kills`) until the job ends. A cut
+    (`kill="link"`) unplugs a host for `down` s; its recovery is the first reconnection or restore after it (none
+    when no task noticed it: a cut shorter than ZeroMQ's heartbeat timeout may pass unseen)."""
     job = make_job()
     t0 = time.monotonic()
     kills: List[dict] = []
@@ -159,13 +166,16 @@ def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: ra
             if kill is None or time.monotonic() < next_kill or (max_kills is not None and len(kills) >= max_kills):
                 continue
             if kills and kills[-1]["recovered_s"] is None:  # the last kill is not recovered yet: wait for it
-                back = job.output.first(recovered_line(kills[-1]["task"]), after=kills[-1]["at"])
-                if back is None:
+                back = job.output.first(_recovery_of(kill, kills[-1]["task"]), after=kills[-1]["at"])
+                if back is None and not (kill == "link" and time.monotonic() > kills[-1]["at"] + down + 90):
                     continue
-                kills[-1]["recovered_s"] = round(back - kills[-1]["at"], 2)
+                kills[-1]["recovered_s"] = None if back is None else round(back - kills[-1]["at"], 2)
+                kills[-1]["checked"] = True
             target = rng.choice(job.targets())
             at = time.monotonic()
-            if (job.kill_host(target) if kill == "host" else job.kill_task(target)):
+            hit = {"host": lambda: job.kill_host(target), "link": lambda: job.cut_host(target, down)}.get(
+                kill, lambda: job.kill_task(target))
+            if hit():
                 kills.append({"task": target, "at": at, "after_start_s": round(at - t0, 1), "recovered_s": None})
             next_kill = at + every
         if job.running():
@@ -177,13 +187,18 @@ def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: ra
     job.output.poll()
     text = job.output.text()
     for k in kills:
-        if k["recovered_s"] is None:
-            back = job.output.first(recovered_line(k["task"]), after=k["at"])
+        if k["recovered_s"] is None and not k.pop("checked", False):
+            back = job.output.first(_recovery_of(kill, k["task"]), after=k["at"])
             k["recovered_s"] = None if back is None else round(back - k["at"], 2)
+        k.pop("checked", None)
     accuracy = _ACCURACY.search(text)
     return {"exit_code": code, "wall_s": round(wall, 2), "accuracy": float(accuracy.group(1)) if accuracy else None,
             "kills": [{k: v for k, v in kill.items() if k != "at"} for kill in kills],
             "steps_lost": _steps_lost(job.output), "tail": text[-2000:] if code else ""}
+
+
+def _recovery_of(kill: Optional[str], task: str) -> re.Pattern:
+    return _RECONNECTED if kill == "link" else recovered_line(task)
 
 
 def _steps_lost(output: Output) -> int:
@@ -221,7 +236,11 @@ def summarize(cleans: List[dict], chaos: dict, every: float) -> dict:
 def main(argv: Optional[List[str]] = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--hosts", type=int, choices=(1, 3), default=1)
-    p.add_argument("--kill", choices=("task", "host"), default="task")
+    p.add_argument("--kill", choices=("task", "host", "link"), default="task",
+                   help="a task (SIGKILL), a whole host (every process; then its launchers again), or a host's link "
+                        "(unplugged for --down s, every process living on)")
+    p.add_argument("--down", type=float, default=25.0,
+                   help="--kill link: seconds each cut lasts (above TOWERFLOW_HEARTBEAT_TIMEOUT, 15 s, to be seen)")
     p.add_argument("--store", choices=("embedded", "etcd"), default="embedded",
                    help="--hosts 3: the rendezvous in the coordinator task (embedded) or a 3-member etcd on the hosts")
     p.add_argument("--every", type=float, default=30.0, help="seconds between kills")
@@ -238,8 +257,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` or a scheduler's stop: close the job's processes
-    if args.kill == "host" and args.hosts == 1:
-        p.error("--kill host needs --hosts 3: with one host, losing it ends the job by definition")
+    if args.kill in ("host", "link") and args.hosts == 1:
+        p.error(f"--kill {args.kill} needs --hosts 3: with one host, losing it ends the job by definition")
     if args.hosts == 3 and args.ps != args.ps_replicas:
         p.error("--hosts 3 runs 1 ps and 2 workers, or with --ps 2 --ps-replicas 2 two mirrored ps tasks and 2 workers")
     if args.ps_replicas == 2 and args.ps < 2:
@@ -263,7 +282,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
             store = None if args.store == "embedded" else args.store
             make = lambda work=work: NamespaceHosts(work, job_argv, env, store, args.ps_replicas)  # noqa: E731
-        results[name] = run_job(make, kill, args.every, args.timeout, random.Random(args.seed), args.max_kills)
+        results[name] = run_job(make, kill, args.every, args.timeout, random.Random(args.seed), args.max_kills,
+                                args.down)
         print(f"{name}: exit {results[name]['exit_code']}, {results[name]['wall_s']} s, accuracy "
               f"{results[name]['accuracy']}, {len(results[name]['kills'])} kills", flush=True)
         if results[name]["exit_code"] != 0:

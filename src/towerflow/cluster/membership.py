@@ -142,8 +142,8 @@ class Membership:
             while not self._beating.wait(BEAT_EVERY):
                 try:
                     store.add(key, 1)
-                except Exception:  # the coordinator is gone; join() reports it
-                    return
+                except Exception:  # the store is out of reach (this host cut off, etcd electing): beat on once it is
+                    continue       # back, or the others take this task for dead; a store gone for good: join() says
 
         self._beat_thread = threading.Thread(target=beat, name=f"towerflow-heartbeat {self.name}", daemon=True)
         self._beat_thread.start()
