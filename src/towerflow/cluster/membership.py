@@ -94,23 +94,22 @@ class Membership:
         `alive_ok`: return `lost` itself when that incarnation goes on beating (ALIVE_BEATS beats since the
         wait began: a new incarnation beats once before it names itself, a dead one at most once more): it
         lives, only a connection to it was lost (cut off, or a stall), and the caller connects again.
-        Raises PeerLostError when the launcher will not restart it (no restarts left; with `alive_ok` once
-        it has not beaten for that long), and ClusterTimeoutError when it is not back within `timeout`
-        (default: heartbeat + join timeouts).
+        Raises PeerLostError at once when the launcher will not restart it (no restarts left: a job that
+        allows none ends on a lost connection as on a lost task), and ClusterTimeoutError when it is not
+        back within `timeout` (default: heartbeat + join timeouts).
         """
         name = task_name(job, index)
         limit = self.heartbeat_timeout + self.join_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         beats = self._beats(job, index) if alive_ok else 0
-        silent_until = time.monotonic() + (ALIVE_BEATS + 1) * BEAT_EVERY if alive_ok else 0.0
         while True:
             current = self.rpc_name_of(job, index)
             if current != lost:
                 return current
-            if alive_ok and self._beats(job, index) - beats >= ALIVE_BEATS:
-                return lost
             incarnation = self._incarnations[(job, index)]
-            if incarnation >= self.max_restarts and time.monotonic() >= silent_until:
+            if alive_ok and incarnation < self.max_restarts and self._beats(job, index) - beats >= ALIVE_BEATS:
+                return lost
+            if incarnation >= self.max_restarts:
                 failed = _failures.failure_of(self._store, job, index)
                 if failed is not None:  # it stopped on an error: that is the news
                     raise PeerLostError(f"{self.name} lost {name}, which {failed.summary}", task=name)
