@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import inspect
 import os
 import warnings
+import weakref
 from typing import Any, Optional, Sequence
 
 import torch
@@ -95,6 +97,7 @@ class MirroredStrategy(LocalTablesStrategy):
         self.backend = backend or self._pick_backend(device, env)
         self._owns_group = False
         self._host_group = None
+        self._wrapped: list = []  # weak references to the DDP modules made here: shutdown takes the group from them
         self._heartbeat: Optional[replica_rendezvous.Heartbeat] = None
         if env.is_distributed:
             _failures.install()  # also for a failure to meet the other replicas
@@ -173,13 +176,15 @@ class MirroredStrategy(LocalTablesStrategy):
         if self.variables_on == "cpu":
             self._broadcast_state(model)  # no DDP to do it: start every replica from rank 0's values
             return model
-        return DistributedDataParallel(
+        wrapped = DistributedDataParallel(
             model,
             device_ids=[self.device] if self.device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb,
             find_unused_parameters=self.find_unused_parameters,
             gradient_as_bucket_view=True,
         )
+        self._wrapped.append(weakref.ref(wrapped))
+        return wrapped
 
     def _group_for_host(self):
         if self.backend == "gloo":
@@ -217,7 +222,23 @@ class MirroredStrategy(LocalTablesStrategy):
         if self.env.is_distributed:
             dist.barrier(**({"device_ids": [self.device.index]} if self.backend == "nccl" else {}))
 
+    def _release_wrapped(self) -> None:
+        """Take the process group from the DDP modules still alive. Each one's reducer holds the group, so the
+        group (and gloo's threads) would otherwise live until the module is collected, often while the
+        interpreter finalizes, where a C++ thread touching a Python object aborts or hangs the process at exit
+        (pytorch/pytorch#190489). A module so released trains no more: it is shut down with the strategy."""
+        for ref in self._wrapped:
+            module = ref()
+            if module is not None:
+                for name in ("logger", "reducer", "process_group"):
+                    if hasattr(module, name):
+                        setattr(module, name, None)
+        self._wrapped = []
+        gc.collect()
+
     def shutdown(self) -> None:
+        """Leave the replicas' group, every replica at once; a model it wrapped trains no more afterwards (use
+        `strategy.unwrap(model)` to evaluate or save it then)."""
         heartbeat, self._heartbeat = self._heartbeat, None
         if heartbeat is not None:
             heartbeat.finish()
@@ -228,6 +249,7 @@ class MirroredStrategy(LocalTablesStrategy):
             # makes gloo abort that peer ("terminate called without an active exception").
             self.barrier()
             dist.destroy_process_group()
+            self._release_wrapped()
         self._owns_group = False
         if heartbeat is not None:
             heartbeat.release()
