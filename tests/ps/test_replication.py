@@ -260,14 +260,9 @@ def _lose_backup_then_wait(replica, link, primary, deadline_s=10.0):
     return reply
 
 
-def test_a_store_error_while_waiting_for_the_backup_is_retried_not_the_end_of_replication():
-    """The wait for the backup's restart reads the cluster's store, which can fail for a moment (an etcd leader
-    change, a connection reset): the watcher asks again until the backup is back, then seeds it."""
-    link = FakeLink()
-    primary = _service(AsyncPolicy())
-    replica, said = _replicated(primary, link)
-    replica.retry_every = 0.01
-    answers = [RuntimeError("store unreachable"), ConnectionResetError("Connection reset by peer"), "ps:1:r1"]
+def _restarts(link, answers):
+    """A wait for the backup's restart that gives `answers` in turn: an error to raise, or the name of the
+    incarnation that is back (its mirror then exists)."""
 
     def wait_for_restart(task, lost, cause):
         answer = answers.pop(0)
@@ -276,7 +271,18 @@ def test_a_store_error_while_waiting_for_the_backup_is_retried_not_the_end_of_re
         link.mirrors[answer] = Mirror("model", 0)
         return answer
 
-    replica._wait_for_restart = wait_for_restart
+    return wait_for_restart
+
+
+def test_a_store_error_while_waiting_for_the_backup_is_retried_not_the_end_of_replication():
+    """The wait for the backup's restart reads the cluster's store, which can fail for a moment (an etcd leader
+    change, a connection reset): the watcher asks again until the backup is back, then seeds it."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, said = _replicated(primary, link)
+    replica.retry_every = 0.01
+    answers = [RuntimeError("store unreachable"), ConnectionResetError("Connection reset by peer"), "ps:1:r1"]
+    replica._wait_for_restart = _restarts(link, answers)
     reply = _lose_backup_then_wait(replica, link, primary)
     assert reply.done() and replica.backup == "ps:1:r1" and not answers
     assert sum("still waiting" in line for line in said) == 2
@@ -294,15 +300,7 @@ def test_a_backup_not_restarted_in_time_is_offered_a_seed_again_on_a_new_connect
     reconnected = []
     replica, said = _replicated(primary, link, reconnect=reconnected.append)
     answers = [ClusterTimeoutError("not back within 75 s"), "ps:1:r1"]
-
-    def wait_for_restart(task, lost, cause):
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        link.mirrors[answer] = Mirror("model", 0)
-        return answer
-
-    replica._wait_for_restart = wait_for_restart
+    replica._wait_for_restart = _restarts(link, answers)
     mirror = link.mirrors["ps:1"]
     _lose_backup_then_wait(replica, link, primary)
     deadline = time.monotonic() + 10
