@@ -49,6 +49,7 @@ def test_a_plain_process_gets_the_defaults():
     assert (task.has_task, task.is_chief, task.join_timeout, task.heartbeat_timeout, task.wire_security) == (
         False, True, 60.0, 15.0, None)
     assert (task.restart_count, task.max_restarts, task.cluster, task.threads_set_by_user) == (0, 0, {}, False)
+    assert task.ps_promote_after == 5.0  # a lost primary's restart is awaited that long before its backup serves
 
 
 @pytest.mark.parametrize("tf_config", ["", "{}", '{"task": {}}'])
@@ -73,6 +74,7 @@ def test_the_chief_rule_is_tensorflows():
         ("MASTER_PORT", "70000", "MASTER_PORT=70000: expected a port between 1 and 65535"),
         ("TOWERFLOW_JOIN_TIMEOUT", "soon", "TOWERFLOW_JOIN_TIMEOUT='soon': expected a positive number of seconds"),
         ("TOWERFLOW_HEARTBEAT_TIMEOUT", "0", "TOWERFLOW_HEARTBEAT_TIMEOUT='0'"),
+        ("TOWERFLOW_PS_PROMOTE_AFTER", "-1", "TOWERFLOW_PS_PROMOTE_AFTER='-1': expected a positive number of seconds"),
         ("TOWERFLOW_WIRE_SECURITY", "none", "TOWERFLOW_WIRE_SECURITY='none': expected one of encrypt, authenticate"),
         ("TOWERFLOW_PS_MODE", "eventual", "TOWERFLOW_PS_MODE='eventual': expected one of async, sync, ssp"),
         ("TOWERFLOW_PS_LINK", "tcp", "TOWERFLOW_PS_LINK='tcp': expected one of shm, rpc"),

@@ -44,6 +44,7 @@ ENV_PS_REPLICAS_TO_AGGREGATE = "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE"  # --replica
 ENV_PS_STALENESS = "TOWERFLOW_PS_STALENESS"  # --staleness
 ENV_PS_REPLICAS = "TOWERFLOW_PS_REPLICAS"  # --ps-replicas: copies of each ps task's part (1, or 2 with a backup)
 ENV_PS_REPLICA_LAG = "TOWERFLOW_PS_REPLICA_LAG"  # --ps-replica-lag: ops a reply may run ahead of the backup
+ENV_PS_PROMOTE_AFTER = "TOWERFLOW_PS_PROMOTE_AFTER"  # seconds a lost primary's restart is awaited before its backup serves
 ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers keep freed memory for the next step) | system
 ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always remote calls)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
@@ -63,6 +64,7 @@ SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKE
 
 DEFAULT_JOIN_TIMEOUT = 60.0
 DEFAULT_HEARTBEAT_TIMEOUT = 15.0
+DEFAULT_PS_PROMOTE_AFTER = 5.0  # a restarted ps task on a live host is back in 2-5 s (docs/fault-tolerance.md)
 WIRE_SECURITY = ("encrypt", "authenticate")  # cluster/wire_security.py
 PS_MODES = ("async", "sync", "ssp")
 MAX_PS_REPLICAS = 2  # a primary and one backup
@@ -159,6 +161,7 @@ class TaskEnv:
     ps_staleness: Optional[int] = None
     ps_replicas: Optional[int] = None
     ps_replica_lag: Optional[int] = None
+    ps_promote_after: float = DEFAULT_PS_PROMOTE_AFTER
     ps_link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
     towers_allocator: str = "keep"  # TOWERFLOW_TOWERS_ALLOCATOR: whether towers in one process tune glibc malloc
     ps_local_steps: Optional[int] = None
@@ -278,6 +281,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         ps_staleness=_count(env, ENV_PS_STALENESS),
         ps_replicas=_count(env, ENV_PS_REPLICAS, minimum=1),
         ps_replica_lag=_count(env, ENV_PS_REPLICA_LAG, minimum=0),
+        ps_promote_after=_seconds(env, ENV_PS_PROMOTE_AFTER, DEFAULT_PS_PROMOTE_AFTER),
         ps_link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
         towers_allocator=_choice(env, ENV_TOWERS_ALLOCATOR, TOWERS_ALLOCATORS) or "keep",
         ps_local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),

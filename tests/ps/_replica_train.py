@@ -10,7 +10,9 @@ global steps (MonitoredTrainingSession) and, for each `STEP:TASK[+TASK...]` of K
 or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms later from a thread
 (so the kill lands anywhere in the next steps: between calls, or with a push in flight); a TASK `chief`
 kills the chief itself right after (as a host holding both would go down), once: not when restarted; a TASK
-`cutN` leaves ps task N running but aborts every TCP connection to it (`ss -K`). The chief
+`cutN` leaves ps task N running but aborts every TCP connection to it (`ss -K`), and `stopN` freezes it (SIGSTOP: a
+host that stops answering; a later kill of task N ends it, and the launcher restarts it); `wait` among them makes
+the chief wait, after the kill, until the killed ps tasks have joined again. The chief
 writes the final values, the ps tasks' whole state (`optimizer.state_dict()`: values, optimizer and table
 state, clocks), the global step and its recoveries to DIR/final.pt.
 """
@@ -27,6 +29,7 @@ import torch
 from torch import nn
 
 import towerflow
+from towerflow.cluster import server
 
 folder, steps, model_kind, kills = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
@@ -62,6 +65,7 @@ def kill_soon(tasks) -> None:
     among them, this process too, right after."""
     itself = "chief" in tasks
     cut = [ps_pid(int(t[3:])) for t in tasks if isinstance(t, str) and t.startswith("cut")]
+    stop = [ps_pid(int(t[4:])) for t in tasks if isinstance(t, str) and t.startswith("stop")]
     tasks = [t for t in tasks if isinstance(t, int)]
     pids = [ps_pid(t) for t in tasks]
 
@@ -69,6 +73,9 @@ def kill_soon(tasks) -> None:
         time.sleep(random.uniform(0, 0.005))
         for pid in cut:
             cut_connections(pid)
+        for pid in stop:
+            os.kill(pid, signal.SIGSTOP)
+            print(f"_replica_train: stopped pid {pid}", flush=True)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         if pids or itself:
@@ -99,6 +106,16 @@ class Hashed(nn.Module):
         return self.head(self.ids(ids))
 
 
+def wait_restarted(before) -> None:
+    """Block until each ps task of `before` ({task: its call name before the kill}) has joined again as a new
+    incarnation (the training loop then finds it back at its next step)."""
+    deadline = time.monotonic() + 60
+    while any(server.current().rpc_name_of("ps", t) == name for t, name in before.items()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"ps tasks {sorted(before)} were not restarted within 60 s")
+        time.sleep(0.05)
+
+
 strategy = towerflow.strategy_from_env()
 torch.manual_seed(0)
 if model_kind == "dense":
@@ -113,7 +130,7 @@ data = torch.Generator().manual_seed(100 + strategy.replica_id)
 plan = {}
 for item in ([] if kills == "none" else kills.split(",")):
     at, tasks = item.split(":")
-    plan[int(at)] = [t if t == "chief" or t.startswith("cut") else int(t) for t in tasks.split("+")]
+    plan[int(at)] = [t if t in ("chief", "wait") or t.startswith(("cut", "stop")) else int(t) for t in tasks.split("+")]
 if os.environ.get("TOWERFLOW_RESTART_COUNT", "0") != "0":
     plan = {}  # a restarted chief kills nothing again
 
@@ -138,7 +155,10 @@ with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, log
     for i in range(1, steps + 1):
         session.run(step, i)
         if strategy.is_chief and i in plan:
-            kill_soon(plan[i])
+            restarting = {t: server.current().rpc_name_of("ps", t) for t in plan[i] if isinstance(t, int)}
+            kill_soon([t for t in plan[i] if t != "wait"])
+            if "wait" in plan[i]:
+                wait_restarted(restarting)
 if strategy.is_chief:
     final = strategy.wait_for_workers()
     out = {"global_step": final, "variables": strategy.variables(), "tables": strategy.table_values(),

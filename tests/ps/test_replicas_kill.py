@@ -20,6 +20,13 @@ TIMEOUT = 150  # a launch's hard deadline (it then stops every task); a run take
 pytestmark = pytest.mark.timeout(TIMEOUT + 60)  # above the launch's, so that its own cleanup runs first
 
 
+@pytest.fixture(autouse=True)
+def _restarts_not_promotions(monkeypatch):
+    """These jobs wait for a lost ps task's restart, which takes 2-15 s on a loaded machine; a backup promoted
+    meanwhile is another path (its own test sets a short wait)."""
+    monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "300")
+
+
 def _launch(flags, folder, steps, model, kills) -> str:
     os.makedirs(folder, exist_ok=True)
     return launch([*flags, "--ps-replicas", "2", "--max-restarts", "3", HELPER, str(folder), str(steps), model, kills],
@@ -72,7 +79,7 @@ CASES = {
 def test_a_killed_ps_task_loses_no_update(tmp_path, case):
     flags, steps, model, kills = CASES[case]
     killed, alone, output = _killed_and_left_alone(tmp_path, flags, steps, model, kills)
-    assert killed["global_step"] == alone["global_step"] == steps
+    assert killed["global_step"] == alone["global_step"] == steps, output
     for kind in ("variables", "tables"):
         assert killed[kind].keys() == alone[kind].keys()
         for name in alone[kind]:
@@ -157,3 +164,23 @@ def test_connections_cut_to_ps_tasks_that_live_on_lose_no_update(tmp_path, monke
     assert [r["ps_task"] for r in recoveries] == [0, 1] and all(r["reconnected"] for r in recoveries), output
     assert output.count("had not stopped (its heartbeats went on): connected again") == 2
     assert "restarting it" not in output and "restored" not in output
+
+
+def test_a_ps_task_that_stops_answering_is_replaced_by_its_backup_and_nothing_is_lost(tmp_path, monkeypatch):
+    """ps task 1 freezes (SIGSTOP: a host that stops answering) and is not restarted: once ZeroMQ's heartbeats give
+    it up and the promotion wait passes, its backup (ps task 0) serves its part and training goes on; when it is
+    killed and restarted, the chief gives the part back to it from the backup, and the job ends equal, update for
+    update, to one left alone."""
+    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")  # steps and replication over TCP, where a silent peer is noticed
+    monkeypatch.setenv("TOWERFLOW_HEARTBEAT_TIMEOUT", "4")
+    monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
+    killed, alone, output = _killed_and_left_alone(tmp_path, ["--ps", "2", "--workers", "1"], 40, "dense",
+                                                   "5:stop1,20:1+wait")
+    assert killed["global_step"] == alone["global_step"] == 40, output
+    _assert_equal(killed["variables"], alone["variables"], "variables")
+    _assert_equal(killed["ps_state"], alone["ps_state"], "ps_state")
+    promoted, back = killed["recoveries"] if len(killed["recoveries"]) == 2 else pytest.fail(output)
+    assert promoted["promoted"] == [1] and promoted["steps_lost"] == 0, output
+    assert back["from_mirrors"] and back["steps_lost"] == 0, output
+    assert "promoted its mirror of /job:ps/task:1's part" in output and "its part is served by its backup" in output
+    assert "gives /job:ps/task:1's part of 'model' back" in output, output

@@ -56,10 +56,18 @@ class FakeLink:
             if mirror is None:
                 future.set_exception(Lost(f"{to} is gone"))
             else:
-                mirror.receive(frame).add_done_callback(lambda ack, f=future: f.set_result(ack.value()))
+                mirror.receive(frame).add_done_callback(lambda ack, f=future: _relay(ack, f))
 
     def wait_for_restart(self, task, lost, cause):
         return self.restarted[task]
+
+
+def _relay(ack, future) -> None:
+    """The mirror's answer, an ack or its refusal, as the connection's."""
+    try:
+        future.set_result(ack.value())
+    except Exception as e:
+        future.set_exception(e)
 
 
 def _service(policy, num_workers=1, tables=None, values=None):

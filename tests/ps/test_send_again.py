@@ -25,6 +25,7 @@ class _Client:
 
     def __init__(self, channels, replica_lag):
         self.channels, self.replica_lag, self.worker, self.pushes = channels, replica_lag, 0, 0
+        self.ps_replicas = 1
         self.server = types.SimpleNamespace(name="/job:worker/task:0")
         self.pushed_again, self.installed = [], None
 

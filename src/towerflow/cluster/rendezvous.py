@@ -337,6 +337,11 @@ class Rendezvous:
         full = f"facts/{key}"
         return self.store.get(full).decode() if self.store.check([full]) else None
 
+    def swap(self, key: str, expected: str, desired: str) -> str:
+        """Set a fact to `desired` only while it holds `expected` ("": absent), in one store step; the value it
+        holds after (`desired`, or what another task set first)."""
+        return self.store.compare_set(f"facts/{key}", expected, desired).decode()
+
     def close(self) -> None:
         """Let go of the store and of this task's address."""
         self.store = None

@@ -230,6 +230,10 @@ class Server:
         """A fact some task `publish`ed, or None."""
         return self.rendezvous.lookup(key)
 
+    def swap(self, key: str, expected: str, desired: str) -> str:
+        """Set a fact to `desired` only while it holds `expected`, in one step; the value it holds after."""
+        return self.rendezvous.swap(key, expected, desired)
+
     def rpc_name_of(self, job: str, index: int) -> str:
         """The RPC name of a task's current incarnation (a task that was restarted joined under a new name)."""
         return self.membership.rpc_name_of(job, index)

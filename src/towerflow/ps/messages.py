@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 import torch
 
 from towerflow.cluster import wire
+from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import RowOptimizer
@@ -68,6 +69,12 @@ class Endpoints:
     replicate = Endpoint("replicate")  # ps to ps: an op for a mirror (replication_messages.py)
     mirror_state = Endpoint("mirror_state")
     attach_mirror_link = Endpoint("attach_mirror_link")  # ps to ps, same host
+    promote = Endpoint("promote")  # a worker to a backup: serve the lost primary's part (replication_messages.part_key)
+
+
+class PartMoved(ParameterServerError):
+    """A call to a part its backup served while promoted, after the chief gave it back to its restarted primary:
+    the worker follows the part back (ps/worker/recovery.py)."""
 
 
 @dataclasses.dataclass(frozen=True)

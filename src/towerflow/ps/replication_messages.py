@@ -11,7 +11,7 @@ only, like `messages.py`: both sides and the chief import it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
@@ -65,8 +65,33 @@ def backup_for(task: int, num_ps: int, replicas: int) -> Optional[int]:
 def unreplicated_key(model: str, primary: str) -> str:
     """Where a primary incarnation (its call name) says that it may have answered workers without its backup: "1"
     from its backup's loss until a new backup acknowledges its seed, then "0". Its mirror may lack what those
-    answers showed, so the chief does not restore from a mirror whose feeder said "1"."""
+    answers showed, so the chief does not restore from a mirror whose feeder said "1". The backup writes
+    `PROMOTED` there when it takes the lost incarnation's place; from then on that incarnation may answer no
+    worker, and a mirror it outran is never promoted (each moves the key by compare-and-set: `move_key`)."""
     return f"ps/{model}/unreplicated/{primary}"
+
+
+PROMOTED = "promoted"  # unreplicated_key's value once the backup serves the primary's part: final
+
+
+def move_key(swap: Callable[[str, str, str], str], key: str, desired: str, over: Sequence[str]) -> str:
+    """Set `key` to `desired` if it holds one of `over` ("": absent), by compare-and-set (`swap(key, expected,
+    desired)` returns the value held after); the value it holds now: `desired`, or the one that stopped it."""
+    seen = over[0]
+    for _ in range(len(over) + 1):
+        found = swap(key, seen, desired)
+        if found == desired:
+            return desired
+        found = "" if found == seen else found  # `seen` given back: the key is absent (the store's rule)
+        if found not in over:
+            return found
+        seen = found
+    return seen
+
+
+def part_key(model: str, primary: int) -> str:
+    """The name a promoted backup serves ps task `primary`'s part of `model` under, beside its own part (`model`)."""
+    return f"{model}@{primary}"
 
 
 @dataclasses.dataclass(frozen=True)

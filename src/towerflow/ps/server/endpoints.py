@@ -11,6 +11,8 @@ per-step calls that never wait (a row read, a push alone) are `quick`: run where
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -20,8 +22,9 @@ from towerflow.cluster import server as _server
 from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
-from towerflow.ps.messages import CreateShards, Endpoints, PushOutcome, PushPull, PushPulled, RowRead, Ticket
-from towerflow.ps.replication_messages import MirrorState, ReplicaFrame, unreplicated_key
+from towerflow.ps.messages import CreateShards, Endpoints, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
+from towerflow.ps.replication_messages import (PROMOTED, MirrorState, ReplicaFrame, SeedOp, move_key, part_key,
+                                               unreplicated_key)
 from towerflow.ps.server import linked as _linked
 from towerflow.ps.server import mirror_link as _mirror_link
 from towerflow.ps.server import snapshot as _snapshot
@@ -41,6 +44,7 @@ _restored: Dict[str, set] = collections.defaultdict(set)
 _restore_waits: Dict[tuple, List[torch.futures.Future]] = collections.defaultdict(list)
 _mirrors: Dict[tuple, Mirror] = {}  # (model, primary task) -> this task's mirror of that primary's part
 _registry_lock = threading.Lock()
+FENCED_EXIT = 75  # a primary that learns its backup was promoted in its place stops with this status
 
 
 def services() -> Dict[str, ShardService]:
@@ -52,6 +56,8 @@ def services() -> Dict[str, ShardService]:
 def _get(model: str) -> ShardService:
     service = _services.get(model)
     if service is None:
+        if "@" in model:  # a part this task served while promoted (part_key), given back since
+            raise PartMoved(f"this ps task no longer serves {model!r}: its primary is back")
         raise ParameterServerError(
             f"this ps holds no model {model!r} (it has {sorted(_services)}); the chief creates it in strategy.setup() — "
             "was this ps restarted after the chief set it up?"
@@ -78,7 +84,7 @@ def create(model: str, request: CreateShards) -> int:
         step = service.load_state_dict(request.state, request.finished)
     else:
         step = service.coordinator.global_step
-    if request.backup_task is not None:
+    if request.backup_task is not None and "@" not in model:  # not a part served here while promoted (part_key)
         _replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None,
                    max_lag=request.replica_lag)
     if request.open_now:
@@ -102,12 +108,20 @@ def _replicate(model: str, task: int, service: ShardService, backup_task: int, r
             _transport.is_peer_lost,
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause, alive_ok=True),
             direct=_direct_sender(server, model, task, backup_task, service), max_lag=max_lag,
-            mark_unreplicated=lambda on: server.publish(unreplicated_key(model, sender), "1" if on else "0"),
-            reconnect=_transport.reconnect)
+            mark_unreplicated=lambda on: move_key(server.swap, unreplicated_key(model, sender), "1" if on else "0",
+                                                  ("", "0") if on else ("1",)) != PROMOTED,
+            reconnect=_transport.reconnect, fenced=lambda why: _fence(server.name, why))
         service.replica = replica
     elif not reseed:
         return
     replica.seed(server.rpc_name_of("ps", backup_task))
+
+
+def _fence(name: str, why: str) -> None:
+    """This primary may answer no worker again (replication.py): stop; the launcher restarts it, and the chief
+    restores the new incarnation from the part its backup served meanwhile."""
+    print(f"towerflow: {name}: stopping without answering any worker again: {why}", file=sys.stderr, flush=True)
+    os._exit(FENCED_EXIT)
 
 
 def _direct_sender(server, model: str, task: int, backup_task: int, service: ShardService):
@@ -154,6 +168,8 @@ def _mirror(model: str, primary: int) -> Mirror:
 def replicate(frame: ReplicaFrame) -> torch.futures.Future:
     """A primary's op for the mirror of its part held here (`mirror.py`): a future of the last op number it holds
     in order (the primary's acknowledgement)."""
+    if isinstance(frame.op, SeedOp):  # a new primary incarnation: a part served here in its place is over
+        _stop_serving(frame.model, frame.primary)
     return _mirror(frame.model, frame.primary).receive(frame)
 
 
@@ -165,10 +181,47 @@ def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer) -> 
 
 
 def mirror_state(model: str, primary: int) -> MirrorState:
-    """This task's mirror of ps task `primary`'s part of the model, whole (the chief restores a lost primary from it)."""
+    """This task's mirror of ps task `primary`'s part of the model, whole (the chief restores a lost primary from it);
+    a part served here while promoted is given back first: later calls to it raise PartMoved."""
+    _stop_serving(model, primary)
     with _registry_lock:
         mirror = _mirrors.get((model, primary))
     return mirror.state() if mirror is not None else MirrorState(None, None, 0)
+
+
+def promote(model: str, primary: int, lost: str) -> bool:
+    """Serve ps task `primary`'s part of the model here, under `part_key`, in place of its lost incarnation `lost`,
+    from this task's mirror of it: True once served (a second worker's call finds it so), False when the mirror
+    cannot stand for `lost` (fed by another incarnation, or `lost` said it went on without it)."""
+    key = part_key(model, primary)
+    with _registry_lock:
+        mirror = _mirrors.get((model, primary))
+        if key in _services or mirror is None:
+            return mirror is not None
+    service = mirror.promote(lost)
+    if service is None:
+        return False
+    server = _server.current()
+    if move_key(server.swap, unreplicated_key(model, lost), PROMOTED, ("", "0")) != PROMOTED:
+        mirror.retire()  # `lost` answered workers without this mirror first
+        return False
+    with _registry_lock:
+        _services.setdefault(key, service)
+        _opened.add(key)
+    print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
+          f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
+    return True
+
+
+def _stop_serving(model: str, primary: int) -> None:
+    key = part_key(model, primary)
+    with _registry_lock:
+        served = _services.pop(key, None)
+        _opened.discard(key)
+        mirror = _mirrors.get((model, primary))
+    if served is not None and mirror is not None and mirror.retire():
+        print(f"towerflow: {_server.current().name}: gives /job:ps/task:{primary}'s part of {model!r} back at global "
+              f"step {served.coordinator.global_step}", file=sys.stderr, flush=True)
 
 
 def holds(model: str) -> bool:

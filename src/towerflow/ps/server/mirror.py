@@ -8,6 +8,11 @@ feeds the mirror, is ignored), applies the ops strictly in their numbers' order,
 frame with the last number it holds in order: the primary's acknowledgement. The thread a frame
 arrives on applies what it made ready, unless another thread is applying already (then it leaves
 the ops to that one and answers at once): no thread of its own, so no wake-up per op.
+
+Promoted (`promote`), the mirror's service serves the lost primary's part itself, and the mirror refuses
+every later op of that incarnation: one cut off but alive learns that it was replaced (its replication
+marks the store, finds the promotion and stops) instead of forking the part. The chief's read of the
+state (`retire`), or a new incarnation's seed, ends it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Mirror:
         self._early: Dict[int, ReplicaFrame] = {}  # frames that came before their predecessors
         self._queue: Deque[Tuple[int, ReplicaOp]] = collections.deque()  # held in order, not applied yet
         self._applying = False
+        self.promoted = False  # its service serves the lost primary's part (endpoints.promote), until retired
         self._lock = threading.Condition()
 
     def receive(self, frame: ReplicaFrame) -> torch.futures.Future:
@@ -44,7 +50,13 @@ class Mirror:
         number held in order."""
         future: torch.futures.Future = torch.futures.Future()
         with self._lock:
+            if self.promoted and not isinstance(frame.op, SeedOp):
+                future.set_exception(ParameterServerError(
+                    f"the backup of /job:ps/task:{self.primary}'s part of {self.model!r} was promoted in place of "
+                    f"{self.fed_by}: it takes no more ops from {frame.sender}"))
+                return future
             if isinstance(frame.op, SeedOp):
+                self.promoted = False
                 self.fed_by, self.seq = frame.sender, frame.seq
                 self._early = {s: f for s, f in self._early.items() if f.sender == frame.sender and s > frame.seq}
                 self._queue.append((frame.seq, frame.op))
@@ -92,6 +104,23 @@ class Mirror:
                 raise ParameterServerError(f"the mirror of /job:ps/task:{self.primary}'s part of {self.model!r} did not "
                                            f"apply its {len(self._queue)} held ops within {timeout:g} s")
 
+    def promote(self, lost: str) -> Optional[ShardService]:
+        """Take no more ops and hand over the service, every op held applied, to serve in place of the primary
+        incarnation `lost`; None when the mirror does not stand for it (fed by another, never seeded, or an op
+        failed to apply)."""
+        with self._lock:
+            if not self.promoted and (self.fed_by != lost or self.service is None or self.error is not None):
+                return None
+            self.promoted = True
+        self.wait_applied()
+        return self.service if self.error is None else None
+
+    def retire(self) -> bool:
+        """Stop serving in the primary's place (the chief takes the part back); whether it was promoted."""
+        with self._lock:
+            was, self.promoted = self.promoted, False
+        return was
+
     def state(self) -> MirrorState:
         """The mirror's whole state once every held op is applied, with who fed it and how far (snapshot None:
         never seeded, or an op failed to apply)."""
@@ -104,7 +133,7 @@ class Mirror:
 
     def metrics(self) -> dict:
         with self._lock:
-            return {"primary": self.primary, "fed_by": self.fed_by, "held": self.seq, "applied": self.applied,
+            return {"primary": self.primary, "fed_by": self.fed_by, "promoted": self.promoted, "held": self.seq, "applied": self.applied,
                     "queued": len(self._queue), "early": len(self._early), "error": str(self.error or "") or None,
                     "global_step": self.service.coordinator.global_step if self.service is not None else None}
 

@@ -26,7 +26,9 @@ A lost backup does not stop training: the primary goes on unreplicated (a warnin
 metrics, and a mark in the store so that the chief never restores from the mirror it outran), waits
 for the launcher to restart the backup task, and seeds the new incarnation with a snapshot of its
 whole state, after which forwarding resumes. A backup that is not restarted may have been cut off,
-not lost: it is offered a seed again.
+not lost: it is offered a seed again. The mark is a compare-and-set against the backup's promotion
+(`replication_messages.move_key`): a primary whose backup was promoted in its place while it was cut
+off, or that cannot reach the store to say it goes on alone, answers nobody again (`fenced`).
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class Replicator:
     acknowledged number, `is_lost(error)` says whether a failed call means the backup is gone, and
     `wait_for_restart(task, lost_name, cause)` blocks until that task is back, returning its new name.
     `mark_unreplicated(on)` tells the chief whether replies may have gone out that the mirror lacks (a lost backup:
-    on, before the first such reply; a new backup's seed acknowledged: off), so that it never restores a stale mirror.
+    on, before the first such reply; a new backup's seed acknowledged: off), so that it never restores a stale mirror;
+    it returns False when the backup was promoted in this task's place, and then `fenced(why)` ends this task.
     `reconnect(to)` lets the next call to `to` open a new connection (after a loss that may have been a partition).
     `direct(to)`, when given, opens the calling thread's own connection to `to` (a function of a frame
     returning a call whose `result()` is the ack, read in that thread), or returns None in a thread that
@@ -97,8 +100,8 @@ class Replicator:
                  snapshot: Callable[[], ServiceSnapshot], call: Callable[[str, ReplicaFrame], torch.futures.Future],
                  is_lost: Callable[[BaseException], bool], wait_for_restart: Callable[[int, str, str], str],
                  say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None,
-                 max_lag: int = 0, mark_unreplicated: Optional[Callable[[bool], None]] = None,
-                 reconnect: Optional[Callable[[str], None]] = None):
+                 max_lag: int = 0, mark_unreplicated: Optional[Callable[[bool], bool]] = None,
+                 reconnect: Optional[Callable[[str], None]] = None, fenced: Optional[Callable[[str], None]] = None):
         self.model, self.task, self.sender, self.backup_task = model, task, sender, backup_task
         self._service_lock = lock
         self._snapshot = snapshot
@@ -128,7 +131,8 @@ class Replicator:
         self._direct = None if max_lag else direct
         self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
         self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
-        self._mark = mark_unreplicated or (lambda on: None)
+        self._mark = mark_unreplicated or (lambda on: True)
+        self._fenced = fenced or (lambda why: self._say(f"fenced: {why}"))
         self._reconnect = reconnect or (lambda to: None)
         self._marked = False  # said "unreplicated", not yet taken back
         self._seed_seq = 0  # the number of the current backup's seed
@@ -274,10 +278,17 @@ class Replicator:
 
     def _tell_chief(self, unreplicated: bool) -> None:
         try:
-            self._mark(unreplicated)
-        except Exception as e:  # the store is unreachable: the chief may then restore a mirror this task outran
-            self._say(f"could not record that /job:ps/task:{self.task}'s part of {self.model!r} is "
-                      f"{'un' if unreplicated else ''}replicated ({type(e).__name__}: {e})")
+            recorded = self._mark(unreplicated)
+        except Exception as e:  # the store is unreachable
+            what = f"could not record that /job:ps/task:{self.task}'s part of {self.model!r} is " \
+                   f"{'un' if unreplicated else ''}replicated ({type(e).__name__}: {e})"
+            if unreplicated:  # its backup may be promoted meanwhile: answering alone could fork the part
+                self._fenced(what)
+            self._say(what)
+            return
+        if recorded is False:
+            self._fenced(f"its backup /job:ps/task:{self.backup_task} serves /job:ps/task:{self.task}'s part of "
+                         f"{self.model!r} in its place (promoted while this task was out of reach)")
 
     # ---- the backup's loss and return
     def _backup_failed(self, to: str, error: BaseException) -> None:

@@ -21,6 +21,8 @@ class Channel:
                  to: Optional[str] = None):
         self.task = task
         self.to = to or _server.rpc_name("ps", task)  # the ps task's RPC name (its current incarnation's)
+        self.via: Optional[str] = None  # while its backup serves this part (promoted): the backup's RPC name
+        self.key: Optional[str] = None  # ... and the name the part has there (replication_messages.part_key)
         self.shards = layout.on_task(task)
         sizes = layout.flat_sizes(task)
         self.dtypes = list(sizes)
@@ -57,6 +59,11 @@ class Channel:
             if all(a is b for a, b in zip(slot, flats)):
                 return views
         return self._views_of(flats)  # the values came over RPC (the first pull, a refresh)
+
+    def serve_from(self, via: Optional[str], key: Optional[str]) -> None:
+        """Call the part at `via` under `key` from now on (its promoted backup; None, None: its ps task again)."""
+        self.drop_link()
+        self.via, self.key = via, key
 
     def drop_link(self) -> None:
         """The ps task was lost: close the link and the direct channel (their pending steps fail); the next step

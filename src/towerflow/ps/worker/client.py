@@ -24,8 +24,8 @@ from towerflow.ps.worker import linked
 from towerflow.ps.worker import reshard as _reshard
 from towerflow.ps.worker import rows as _rows
 from towerflow.ps.worker.channel import Channel
-from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PolicySpec, Pulled, PushPull, PushPulled,
-                                   Rejoined, RowRead)
+from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PartMoved, PolicySpec, Pulled, PushPull,
+                                   PushPulled, Rejoined, RowRead)
 from towerflow.ps.replication_messages import backup_for
 from towerflow.ps.tables import TableSpec
 
@@ -43,6 +43,8 @@ def _lost_as_pslost(ch: Channel) -> Iterator[None]:
     """A call, send or wait that failed because the channel's ps task is gone raises PSLost (the rest as is)."""
     try:
         yield
+    except PartMoved as e:
+        raise PSLost(ch.task, ch.to, e) from e
     except RuntimeError as e:
         if _transport.is_peer_lost(e):
             raise PSLost(ch.task, ch.to, e) from e
@@ -158,8 +160,10 @@ class PSClient:
     def follow_restarts(self) -> None:
         """After a ps task was restarted: call each ps task's current incarnation, forget values fetched ahead."""
         for ch in self.channels:
-            ch.to = self.server.rpc_name_of("ps", ch.task)
-            ch.drop_link()  # the next step offers the new incarnation a link
+            now = self.server.rpc_name_of("ps", ch.task)
+            if now != ch.to or ch.via is None:  # a part its backup serves stays there until the task is back
+                ch.to = now
+                ch.serve_from(None, None)  # the next step offers the new incarnation a link
         self._pending = None
 
     def finished_key(self, worker: int) -> str:
@@ -173,11 +177,11 @@ class PSClient:
     def call(self, ch: Channel, fn: Endpoint, *args: Any):
         """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSLost."""
         with _lost_as_pslost(ch):
-            return _transport.call_async(ch.to, fn, args=(self.model_name, *args))
+            return _transport.call_async(ch.via or ch.to, fn, args=(ch.key or self.model_name, *args))
 
     def _try_link(self, ch: Channel) -> None:
         """Once per ps incarnation: offer a ps task of this host a shared-memory link for the steps (`linked.py`)."""
-        if ch.link_tried_for == ch.to or self.tables:
+        if ch.link_tried_for == ch.to or self.tables or ch.via is not None:
             return
         ch.link_tried_for = ch.to
         if not linked.wanted(self.server.cluster, (self.server.job_name, self.server.task_index), ch.task,
@@ -203,10 +207,10 @@ class PSClient:
             if ch.link is not None and request.rows is None:
                 return linked.push_pull(ch.link, slot, request)
             if ch.direct is None:
-                ch.direct = _transport.direct_channel(ch.to)
+                ch.direct = _transport.direct_channel(ch.via or ch.to)
             if request.rows is None:
-                return _FlatStep(ch.direct.call(Endpoints.push_pull_flat, self.model_name, *request.flat()))
-            return ch.direct.call(Endpoints.push_pull, self.model_name, request)
+                return _FlatStep(ch.direct.call(Endpoints.push_pull_flat, ch.key or self.model_name, *request.flat()))
+            return ch.direct.call(Endpoints.push_pull, ch.key or self.model_name, request)
 
     def wait(self, ch: Channel, future) -> Any:
         """The call's reply. A ps cut off by the network never fails the call, and a sync or ssp pull also

@@ -17,8 +17,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from towerflow.cluster import transport as _transport
-from towerflow.errors import ParameterServerError
+from towerflow.errors import ClusterError, ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import Endpoints
+from towerflow.ps.replication_messages import backup_of, part_key
 from towerflow.ps.worker import from_mirrors
 from towerflow.ps.worker.client import PSClient, PSLost
 
@@ -32,6 +33,7 @@ class Recovery:
         self.restore_source: Optional[Callable[[], Any]] = None  # the chief's newest checkpoint, see restore_ps
         self.recoveries: List[dict] = []  # one entry per lost ps this worker went on after
         self.lost_with_chief: List[int] = []  # ps tasks a restarted chief found empty, until it restores them
+        self._next_look = 0.0  # when to look again whether a ps task whose backup serves its part is back
 
     def _say(self, text: str) -> None:
         print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
@@ -43,11 +45,30 @@ class Recovery:
         self.finish_pending_restore()
         while True:
             try:
-                return op()
+                result = op()
             except PSLost as lost:
                 self.recover(lost)
                 if not retry:
                     return None
+                continue
+            try:
+                self._follow_parts_back()
+            except PSLost as lost:  # after a whole operation: the restore finds it counted, nothing runs again
+                self.recover(lost)
+            return result
+
+    def _follow_parts_back(self) -> None:
+        """A part its backup serves (promoted) goes back to its ps task once the launcher restarted that: looked for
+        once a second (two store reads), and taken as a loss of the task, which the chief restores from the part."""
+        client = self.client
+        promoted = [ch for ch in client.channels if ch.via is not None]
+        if not promoted or time.monotonic() < self._next_look:
+            return
+        self._next_look = time.monotonic() + 1.0
+        for ch in promoted:
+            now = self.server.rpc_name_of("ps", ch.task)
+            if now != ch.to:
+                raise PSLost(ch.task, ch.to, RuntimeError(f"it was restarted (now {now})"))
 
     def connect(self) -> Any:
         """`client.connect`, guarded. A restarted chief that finds some ps tasks empty beside others that kept their
@@ -114,18 +135,19 @@ class Recovery:
         lost_tasks = {lost.task: lost}
         pushes_lost = 0  # with asynchronous replication: pushes the restored mirror lacked beyond those kept
         while True:
-            alive = []
+            alive, promoted = [], []
             for gone in lost_tasks.values():
                 if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
                     self._say(f"lost /job:ps/task:{gone.task} at global step {before} ({gone.error}); waiting for "
                               "its restart")
-                if self.server.wait_for_restart("ps", gone.task, gone.name, str(gone.error), alive_ok=True) == gone.name:
-                    alive.append(gone)
+                back = self._wait_or_promote(gone)
+                (alive if back == gone.name else promoted if back is None else []).append(gone)
             self._connect_again(alive, seen)
             client.follow_restarts()
-            back_as = [self.server.rpc_name_of("ps", t) for t in sorted(lost_tasks)]  # this recovery's names
+            back_as = [self.server.rpc_name_of("ps", t) for t in sorted(lost_tasks)  # this recovery's new names
+                       if t not in {g.task for g in alive + promoted}]
             try:
-                if len(alive) == len(lost_tasks):  # only connections were lost: nothing to restore
+                if not back_as:  # connections were lost, or backups serve the lost parts: nothing to restore
                     client.rejoin(restarted=False, wait_open=False)
                     pushes_lost, from_mirror, source = self._send_again(sent, clock), False, None
                     break
@@ -141,13 +163,18 @@ class Recovery:
                 lost_tasks[again.task] = again
         took = time.monotonic() - seen
         tasks = sorted(lost_tasks)
-        if len(alive) == len(lost_tasks):
+        if not back_as:
             self.recoveries.append({"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                                     "resumed_at_step": client.global_step, "steps_lost": 0, "seconds": round(took, 2),
-                                    "from_mirrors": False, "reconnected": True, "pushes_lost": pushes_lost})
-            self._say(f"{', '.join(f'/job:ps/task:{t}' for t in tasks)} had not stopped (its heartbeats went on): "
-                      f"connected again; going on at global step {client.global_step}; lost: nothing (what it had not "
-                      f"counted is sent again); {took:.2f} s from seeing the loss to training again")
+                                    "from_mirrors": False, "reconnected": bool(alive), "pushes_lost": pushes_lost,
+                                    "promoted": [g.task for g in promoted]})
+            how = [f"{', '.join(f'/job:ps/task:{g.task}' for g in alive)} had not stopped (its heartbeats went on): "
+                   "connected again"] if alive else []
+            how += [f"/job:ps/task:{g.task} was not back within {self.server.context.ps_promote_after:g} s: its part "
+                    f"is served by its backup {ch.via} (promoted)" for g in promoted
+                    for ch in client.channels if ch.task == g.task]
+            self._say(f"{'; '.join(how)}; going on at global step {client.global_step}; lost: nothing (what it had "
+                      f"not counted is sent again); {took:.2f} s from seeing the loss to training again")
             return
         record = {"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                   "resumed_at_step": client.global_step, "steps_lost": max(0, before - client.global_step),
@@ -170,6 +197,41 @@ class Recovery:
             back_at = next((ch.to for ch in client.channels if ch.task == task), "?")
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
                       f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
+
+    def _wait_or_promote(self, gone: PSLost) -> Optional[str]:
+        """The lost task's call name once it is back (a restarted incarnation's, or its own when it lives on), or
+        None when its backup serves its part instead: with replicated shards, one not back within
+        `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is."""
+        server, cause = self.server, str(gone.error)
+        if self.client.ps_replicas > 1 and server.max_restarts:
+            try:
+                return server.wait_for_restart("ps", gone.task, gone.name, cause, server.context.ps_promote_after,
+                                               alive_ok=True)
+            except ClusterTimeoutError:
+                if self._promote(gone):
+                    return None
+        return server.wait_for_restart("ps", gone.task, gone.name, cause, alive_ok=True)
+
+    def _promote(self, gone: PSLost) -> bool:
+        """Ask the lost task's backup to serve its part (`endpoints.promote`) and call it there from now on; False
+        when it cannot (its mirror does not stand for the lost incarnation, or the backup is gone too)."""
+        client = self.client
+        backup = self.server.rpc_name_of("ps", backup_of(gone.task, client.layout.num_ps))
+        future = _transport.call_async(backup, Endpoints.promote, args=(client.model_name, gone.task, gone.name))
+        try:
+            self.server.wait_watching(future, task=("ps", backup_of(gone.task, client.layout.num_ps)))
+            if not future.wait():
+                return False
+        except ClusterError:  # the backup went silent too
+            return False
+        except RuntimeError as e:
+            if not _transport.is_peer_lost(e):
+                raise
+            return False
+        for ch in client.channels:
+            if ch.task == gone.task:
+                ch.serve_from(backup, part_key(client.model_name, gone.task))
+        return True
 
     def _connect_again(self, alive: List[PSLost], seen: float) -> None:
         """Lost ps tasks whose incarnation lives on (its heartbeats go on): the next calls open new connections, for

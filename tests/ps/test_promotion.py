@@ -1,0 +1,209 @@
+"""A backup promoted in place of a lost primary (`--ps-replicas 2`), piece by piece: the store key that decides
+between the primary going on alone and its backup taking its place, the mirror that serves and then refuses the
+lost incarnation's ops, the primary that learns it was replaced and stops, and the worker that turns to the
+backup when the lost task is not back in time."""
+
+from __future__ import annotations
+
+import collections
+import types
+
+import pytest
+import torch
+
+from towerflow.errors import ClusterTimeoutError
+from towerflow.ps.messages import PushPull, Ticket
+from towerflow.ps.replication_messages import PROMOTED, move_key, part_key
+from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.mirror import Mirror
+from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
+from towerflow.ps.server.replication import Replicator
+from towerflow.ps.worker.client import PSLost
+from towerflow.ps.worker.recovery import Recovery
+from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
+
+
+class FakeStore:
+    """compare_set as TCPStore and EtcdStore do it: set when the value is `expected` (absent counts as ""), return
+    the value held after; an absent key with a non-empty `expected` stays absent and `expected` comes back."""
+
+    def __init__(self):
+        self.values = {}
+
+    def swap(self, key, expected, desired):
+        held = self.values.get(key)
+        if held is None:
+            if expected == "":
+                self.values[key] = desired
+                return desired
+            return expected
+        if held == expected:
+            self.values[key] = desired
+        return self.values[key]
+
+
+@pytest.mark.parametrize("start", [None, "0"])
+def test_the_primary_going_on_alone_and_its_backup_taking_its_place_exclude_each_other(start):
+    store = FakeStore()
+    if start is not None:
+        store.values["k"] = start
+    assert move_key(store.swap, "k", "1", ("", "0")) == "1"  # the primary went on alone first
+    assert move_key(store.swap, "k", PROMOTED, ("", "0")) == "1"  # so its mirror is not promoted
+    assert move_key(store.swap, "k", "0", ("1",)) == "0"  # a new backup took its seed: replicated again
+    assert move_key(store.swap, "k", PROMOTED, ("", "0")) == PROMOTED  # now the backup may take its place
+    assert move_key(store.swap, "k", "1", ("", "0")) == PROMOTED  # and the primary may not answer alone
+    assert move_key(store.swap, "k", "0", ("1",)) == PROMOTED  # promotion is final
+
+
+def test_a_promoted_mirror_serves_the_part_as_the_primary_left_it_and_refuses_the_lost_primarys_ops():
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), 2)
+    fenced, marks = [], []
+    replica, said = _replicated(primary, link, mark_unreplicated=lambda on: marks.append(on) or False,
+                                fenced=fenced.append)
+    for w in (0, 1):
+        primary.push(w, Ticket(0), _grads(primary, w), 0.1)
+    link.flush()
+    mirror = link.mirrors["ps:1"]
+    assert mirror.promote("ps:0:r1") is None  # a mirror fed by another incarnation cannot stand for it
+    served = mirror.promote("ps:0")
+    _same(primary, served)  # the held sync round too
+    assert mirror.metrics()["promoted"]
+    primary.push(0, Ticket(1), _grads(primary, 7), 0.1)  # the old primary, alive but cut off, goes on
+    link.flush()  # the mirror refuses the op: the primary tries to go on alone, finds the promotion, stops
+    assert marks == [True] and len(fenced) == 1 and "promoted" in fenced[0] and "/job:ps/task:1" in fenced[0]
+    assert served.coordinator.pushes_by_worker[0] == 1  # the refused op never reached the served part
+
+
+def test_a_primary_that_cannot_say_it_goes_on_alone_stops():
+    """The store is out of reach: the backup may be promoted meanwhile, so answering without it could fork the part."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    fenced = []
+
+    def unreachable(on):
+        raise ConnectionError("the store did not answer")
+    _replicated(primary, link, mark_unreplicated=unreachable, fenced=fenced.append)
+    del link.mirrors["ps:1"]  # the backup is lost
+    link.restarted[1] = "ps:1"
+    primary.push_pull(PushPull(0, primary.pull(0).wait().ticket, _grads(primary, 1), None, 1))
+    link.flush()
+    assert len(fenced) == 1 and "the store did not answer" in fenced[0]
+
+
+def test_a_retired_mirror_takes_a_new_incarnations_seed_and_its_ops():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    _replicated(primary, link)
+    mirror = link.mirrors["ps:1"]
+    assert mirror.promote("ps:0") is not None and mirror.retire() and not mirror.retire()
+    restarted = _service(AsyncPolicy())  # the chief put ps 0 back; its new incarnation seeds this mirror
+    restarted.replica = Replicator("model", 0, "ps:0:r1", 1, restarted._lock, lambda: _snapshot.take(restarted),
+                                   link.call, lambda e: False, link.wait_for_restart, lambda text: None)
+    restarted.replica.seed("ps:1")
+    restarted.push(0, Ticket(0), _grads(restarted, 3), 0.1)
+    link.flush()
+    assert mirror.fed_by == "ps:0:r1" and not mirror.promoted
+    _same(restarted, mirror)
+
+
+# ---- the worker's side
+
+
+class _Channel:
+    def __init__(self, task, counted, kept):
+        self.task, self.pushes, self.to, self.via, self.key = task, counted, f"ps:{task}", None, None
+        self.sent = collections.deque([(f"buffers {n}", PushPull(0, Ticket(n), [], None, n)) for n in kept], maxlen=2)
+
+    def serve_from(self, via, key):
+        self.via, self.key = via, key
+
+
+class _Server:
+    """ps task 0 is lost and its launcher does not bring it back within the promotion wait."""
+
+    def __init__(self):
+        self.name, self.max_restarts, self.heartbeat_timeout = "/job:worker/task:0", 3, 15.0
+        self.membership = types.SimpleNamespace(join_timeout=60.0)
+        self.context = types.SimpleNamespace(ps_promote_after=5.0)
+        self.waited = []
+
+    def wait_for_restart(self, job, task, lost, cause, timeout=None, alive_ok=False):
+        self.waited.append((task, timeout))
+        raise ClusterTimeoutError(f"{lost} was not back within {timeout} s", task=self.name, missing=[lost])
+
+    def rpc_name_of(self, job, task):
+        return f"ps:{task}"
+
+    def wait_watching(self, future, serving=(), task=None):
+        self.watched = task
+
+
+class _Client:
+    def __init__(self):
+        self.channels = [_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])]
+        self.server, self.replica_lag, self.ps_replicas, self.worker, self.pushes = _Server(), 0, 2, 0, 10
+        self.is_chief, self.global_step, self.model_name = True, 20, "model"
+        self.layout = types.SimpleNamespace(num_ps=2)
+        self.pushed_again, self.installed = [], None
+
+    def follow_restarts(self):
+        pass
+
+    def rejoin(self, restarted, wait_open):
+        assert (restarted, wait_open) == (False, False)
+        self.channels[0].pushes = 9  # ps 0's backup lacks the last push
+
+    def _push_pull_call(self, ch, buffers, push):
+        self.pushed_again.append((ch.task, ch.via, push.clock))
+        return ("push", ch.task)
+
+    def call(self, ch, endpoint, *args):
+        return ("pull", ch.task)
+
+    def wait(self, ch, call):
+        pass
+
+    def install(self, calls):
+        self.installed = calls
+
+
+def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(monkeypatch):
+    from towerflow.ps.worker import recovery as _recovery
+
+    asked = []
+
+    def call_async(to, endpoint, args):
+        asked.append((to, endpoint.name, args))
+        future = torch.futures.Future()
+        future.set_result(True)
+        return future
+    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+    client = _Client()
+    recovery = Recovery(client)
+    monkeypatch.setattr(recovery, "restore_ps", lambda: pytest.fail("a promoted part was restored"))
+    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    assert client.server.waited == [(0, 5.0)]  # the promotion wait, then no other
+    assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))] and client.server.watched == ("ps", 1)
+    assert (client.channels[0].via, client.channels[0].key) == ("ps:1", part_key("model", 0))
+    assert client.pushed_again == [(0, "ps:1", 10)]  # the push the backup lacked, sent to it
+    (record,) = recovery.recoveries
+    assert record["promoted"] == [0] and record["steps_lost"] == 0 and not record["reconnected"]
+
+
+def test_a_backup_that_cannot_stand_for_the_lost_primary_leaves_the_usual_wait(monkeypatch):
+    from towerflow.ps.worker import recovery as _recovery
+
+    def refused(to, endpoint, args):
+        future = torch.futures.Future()
+        future.set_result(False)
+        return future
+    monkeypatch.setattr(_recovery._transport, "call_async", refused)
+    client = _Client()
+    with pytest.raises(ClusterTimeoutError):  # the fake's launcher never brings ps 0 back
+        Recovery(client).recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    assert client.server.waited == [(0, 5.0), (0, None)] and client.channels[0].via is None
+
+
+def test_a_mirror_never_seeded_is_never_promoted():
+    assert Mirror("model", 0).promote("ps:0") is None
