@@ -71,6 +71,9 @@ def unreplicated_key(model: str, primary: str) -> str:
     return f"ps/{model}/unreplicated/{primary}"
 
 
+MIRROR_HOLD_BYTES = 64 << 20  # a mirror holds queued ops unapplied up to this many bytes of their tensors
+REFRESH_FACTOR = 16  # a primary whose state is small seeds its mirror anew after this many states' bytes of ops
+
 PROMOTED = "promoted"  # unreplicated_key's value once the backup serves the primary's part: final
 
 
@@ -153,6 +156,22 @@ class ServiceSnapshot:
     push_kind: Optional[str]
     rejoins: Dict[int, int]
     reads: Dict[int, int]
+
+    def nbytes(self) -> Optional[int]:
+        """The bytes of its tensors (values, optimizer state, held sum); None with tables (too large to send often)."""
+        if self.tables is not None:
+            return None
+        tensors = list(self.values.values()) + list(self.held_sum or ())
+        state = (self.optimizer_state or {}).get("state", {})
+        tensors += [t for per_param in state.values() for t in per_param.values() if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def op_nbytes(op: "ReplicaOp") -> int:
+    """The bytes of an op's tensors (a push's gradients and rows; the other ops carry next to none)."""
+    if isinstance(op, PushOp):
+        return sum(g.numel() * g.element_size() for g in op.grads) + (op.rows.nbytes if op.rows is not None else 0)
+    return 0
 
 
 @dataclasses.dataclass(frozen=True)

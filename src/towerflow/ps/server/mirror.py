@@ -5,9 +5,13 @@ makes, numbered, by remote calls or, on one host, through shared memory (`mirror
 mirror is a `ShardService` of its own that nobody pulls from. It holds each frame until the ones
 before it have come (an early one waits; one already held, or from an incarnation that no longer
 feeds the mirror, is ignored), applies the ops strictly in their numbers' order, and answers each
-frame with the last number it holds in order: the primary's acknowledgement. The thread a frame
-arrives on applies what it made ready, unless another thread is applying already (then it leaves
-the ops to that one and answers at once): no thread of its own, so no wake-up per op.
+frame with the last number it holds in order: the primary's acknowledgement. Holding is what the
+primary needs; applying can wait. So the ops stay queued, unapplied, up to `MIRROR_HOLD_BYTES` of their
+tensors: a primary whose whole state is small sends a fresh seed every so often
+(`replication.py`), which makes the ops queued before it moot, and a backup then never runs the
+primary's optimizer at all. Past the bound, or when the state is asked for (a restore, a promotion),
+the thread that finds them applies the queued ops, unless another thread is applying already (then it
+leaves them to that one): no thread of its own, so no wake-up per op.
 
 Promoted (`promote`), the mirror's service serves the lost primary's part itself, and the mirror refuses
 every later op of that incarnation: one cut off but alive learns that it was replaced (its replication
@@ -24,8 +28,8 @@ from typing import Deque, Dict, Optional, Tuple
 import torch
 
 from towerflow.errors import ParameterServerError
-from towerflow.ps.replication_messages import (FinishOp, LoadStateOp, MirrorState, PushOp, RejoinOp, ReplicaFrame,
-                                               ReplicaOp, RowsReadOp, SeedOp)
+from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, FinishOp, LoadStateOp, MirrorState, PushOp,
+                                               RejoinOp, ReplicaFrame, ReplicaOp, RowsReadOp, SeedOp, op_nbytes)
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.service import ShardService
 
@@ -41,6 +45,7 @@ class Mirror:
         self.error: Optional[BaseException] = None  # an op failed to apply: the mirror is no longer equal
         self._early: Dict[int, ReplicaFrame] = {}  # frames that came before their predecessors
         self._queue: Deque[Tuple[int, ReplicaOp]] = collections.deque()  # held in order, not applied yet
+        self._queued_bytes = 0  # their tensors' bytes
         self._applying = False
         self.promoted = False  # its service serves the lost primary's part (endpoints.promote), until retired
         self._lock = threading.Condition()
@@ -59,6 +64,8 @@ class Mirror:
                 self.promoted = False
                 self.fed_by, self.seq = frame.sender, frame.seq
                 self._early = {s: f for s, f in self._early.items() if f.sender == frame.sender and s > frame.seq}
+                self._queue.clear()  # what the seed replaces is not applied (a thread applying holds only its op)
+                self._queued_bytes = 0
                 self._queue.append((frame.seq, frame.op))
             elif frame.sender == self.fed_by and frame.seq <= self.seq:
                 pass  # held already
@@ -67,9 +74,11 @@ class Mirror:
             # else: a frame of an incarnation that no longer feeds this mirror (it was seeded anew since)
             while self.fed_by is not None and self.seq + 1 in self._early:
                 self.seq += 1
-                self._queue.append((self.seq, self._early.pop(self.seq).op))
+                op = self._early.pop(self.seq).op
+                self._queue.append((self.seq, op))
+                self._queued_bytes += op_nbytes(op)
             held = self.seq
-            applies = bool(self._queue) and not self._applying
+            applies = self._queued_bytes > MIRROR_HOLD_BYTES and not self._applying
             self._applying = self._applying or applies
         if applies:
             self._apply_queued()
@@ -87,6 +96,7 @@ class Mirror:
                     self._lock.notify_all()
                     return
                 seq, op = self._queue.popleft()
+                self._queued_bytes -= op_nbytes(op)
             try:
                 if isinstance(op, SeedOp):
                     self.service, self.error = _snapshot.build(op.snapshot), None
@@ -98,7 +108,12 @@ class Mirror:
             self.applied = seq
 
     def wait_applied(self, timeout: float = 60.0) -> None:
-        """Block until every op held so far is applied (ParameterServerError after `timeout` s)."""
+        """Apply every op held so far, or wait while another thread does (ParameterServerError after `timeout` s)."""
+        with self._lock:
+            mine = bool(self._queue) and not self._applying
+            self._applying = self._applying or mine
+        if mine:
+            self._apply_queued()
         with self._lock:
             if not self._lock.wait_for(lambda: not self._queue and not self._applying, timeout):
                 raise ParameterServerError(f"the mirror of /job:ps/task:{self.primary}'s part of {self.model!r} did not "
@@ -109,10 +124,10 @@ class Mirror:
         incarnation `lost`; None when the mirror does not stand for it (fed by another, never seeded, or an op
         failed to apply)."""
         with self._lock:
-            if not self.promoted and (self.fed_by != lost or self.service is None or self.error is not None):
+            if not self.promoted and (self.fed_by != lost or self.error is not None):
                 return None
             self.promoted = True
-        self.wait_applied()
+        self.wait_applied()  # the seed and every op it holds, applied
         return self.service if self.error is None else None
 
     def retire(self) -> bool:

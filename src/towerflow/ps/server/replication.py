@@ -8,14 +8,14 @@ backup applies them in that order (`mirror.py`) and acknowledges the last number
 A lost primary is then restored from its mirror (`ps/worker/from_mirrors.py`).
 
 What must the backup hold before a worker hears back? Every op the reply shows that nobody else could
-send again. A worker keeps its last two pushes (`Channel.sent`) and, after a restore, pushes again the
-ones the mirror does not count (`ps/worker/recovery.py`); it lets go of a push only after the reply to
-its next one. So the reply to a worker's push or pull waits for the backup to hold that worker's
-previous push (and, the acks being cumulative, everything before it): by the time the worker drops a
-push, the backup has it. The ack of the push itself comes back while the worker computes its next
-gradient, so a step pays a round trip to the backup only when that is slower than the worker's step.
-Replies that nobody could send again (a finish, a load, a read that admitted hash ids) wait for every
-op sent so far.
+send again. A worker keeps its last two pushes (`Channel.sent`), sends again after a restore the ones
+the mirror lacks (`ps/worker/recovery.py`), and lets go of a push only after the reply to its next one.
+So the reply to a worker's push or pull waits for the backup to hold that worker's previous push (the
+acks are cumulative); the ack of the push itself comes back while the worker computes. Replies that
+nobody could send again (a finish, a load, a read that admitted hash ids) wait for every op sent so
+far. A primary whose whole state is small (no tables) seeds its mirror anew after `REFRESH_FACTOR`
+times its state's bytes of ops, so that the backup holds the ops in between without applying them
+(`mirror.py`).
 
 Asynchronous replication (`max_lag` > 0, async training only) lets a worker's reply run up to `max_lag`
 ops ahead of the backup's acks instead: a step never waits for the backup unless it falls that far
@@ -43,38 +43,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from towerflow.errors import ClusterTimeoutError, PeerLostError
-from towerflow.ps.replication_messages import PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot
+from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_FACTOR, PushOp, ReplicaFrame, ReplicaOp,
+                                               SeedOp, ServiceSnapshot, op_nbytes)
+from towerflow.ps.server.replies import Released, complete as _complete
 
-# (a reply's future, its value, the worker it goes to: None for a reply nobody could send again)
-Released = List[Tuple[torch.futures.Future, object, Optional[int]]]
-
-
-def _complete(released: Released) -> None:
-    for future, value, _ in released:  # outside every lock: completing a future sends the reply
-        future.set_result(value)
-
-
-class Unreplicated:
-    """The replica log of a shard that has no backup (`--ps-replicas 1`): nothing forwarded, replies at once."""
-
-    is_replicated = False
-
-    def forward(self, op: ReplicaOp) -> None:
-        pass
-
-    def deliver(self, released: Released) -> None:
-        _complete(released)
-
-    def settled(self, value: object) -> torch.futures.Future:
-        future: torch.futures.Future = torch.futures.Future()
-        future.set_result(value)
-        return future
-
-    def metrics(self) -> Optional[dict]:
-        return None
-
-
-UNREPLICATED = Unreplicated()
 
 
 class Replicator:
@@ -136,6 +108,9 @@ class Replicator:
         self._reconnect = reconnect or (lambda to: None)
         self._marked = False  # said "unreplicated", not yet taken back
         self._seed_seq = 0  # the number of the current backup's seed
+        self._refresh_after = 0  # bytes of ops after which the backup is seeded anew (0: never; module docstring)
+        self._since_seed = 0  # bytes of ops forwarded since the last seed
+        self.refreshes = 0
 
     # ---- under the service's lock
     def forward(self, op: ReplicaOp) -> None:
@@ -145,6 +120,7 @@ class Replicator:
         self.seq += 1
         if isinstance(op, PushOp):
             self._pushes[op.worker] = (self._pushes.get(op.worker, (0, 0))[1], self.seq)
+            self._since_seed += op_nbytes(op)
         frame = ReplicaFrame(self.model, self.task, self.sender, self.seq, op)
         send = self._direct_to(self.backup)
         if not send:
@@ -228,6 +204,9 @@ class Replicator:
         gates = [self._gate(worker) for _, _, worker in released]
         self._read_own_acks(max(gates, default=0))
         self._open_direct()
+        backup = self.backup
+        if self._refresh_after and self._since_seed >= self._refresh_after and backup is not None:
+            self.seed(backup, refresh=True)
         if not released:
             return
         now = []
@@ -362,15 +341,22 @@ class Replicator:
 
         threading.Thread(target=run, name=f"towerflow-reseed-{self.model}", daemon=True).start()
 
-    def seed(self, to: str) -> None:
-        """Make `to` the backup: send it a snapshot of the whole state, then forward every later op."""
+    def seed(self, to: str, refresh: bool = False) -> None:
+        """Make `to` the backup: send it a snapshot of the whole state, then forward every later op (`refresh`: it is
+        the backup, seeded anew so that it need not apply the ops before)."""
         with self._service_lock:
+            if refresh and (self.backup != to or self._since_seed < self._refresh_after):
+                return  # lost meanwhile, or another thread refreshed it
             snapshot = self._snapshot()
+            size = snapshot.nbytes()
+            self._refresh_after = REFRESH_FACTOR * size if size and REFRESH_FACTOR * size <= MIRROR_HOLD_BYTES // 2 else 0
+            self._since_seed = 0
             with self._lock:
                 self.backup = to  # replies held until now wait for this seed's ack: it holds all they show
                 self.seq += 1
                 self._seed_seq = self.seq
-                self.seeds += 1
+                self.seeds += int(not refresh)
+                self.refreshes += int(refresh)
                 self.degraded_since = None
                 seq = self.seq
             self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot)))
@@ -394,4 +380,5 @@ class Replicator:
                 "degraded_s": round(time.monotonic() - self.degraded_since, 3) if self.degraded_since else 0.0,
                 "backup_losses": self.backup_losses,
                 "seeds": self.seeds,
+                "refreshes": self.refreshes,
             }

@@ -36,7 +36,7 @@ from towerflow.ps.messages import (PUSH_KINDS, EarlierWorkers, Pulled, PushOutco
 from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 from towerflow.ps.replication_messages import FinishOp, LoadStateOp, PushOp, RejoinOp, RowsReadOp
-from towerflow.ps.server.replication import UNREPLICATED
+from towerflow.ps.server.replies import UNREPLICATED
 from towerflow.ps.tables.table_shards import TableShards
 
 class ShardService:

@@ -1,0 +1,77 @@
+"""A backup holds the primary's ops without applying them until it must: a small primary seeds it anew every so
+often, so the backup never runs the optimizer; a queue past its bound is applied; and whenever the mirror's state
+is read (a restore, a promotion) it is the primary's, op for op."""
+
+from __future__ import annotations
+
+import torch
+
+from towerflow.ps.messages import PushPull
+from towerflow.ps.replication_messages import REFRESH_FACTOR, SeedOp
+from towerflow.ps.server import mirror as _mirror
+from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
+from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
+
+
+def _step_all(primary, link, steps, workers=1):
+    tickets = {w: primary.pull(w).wait().ticket for w in range(workers)}
+    for s in range(steps):
+        for w in range(workers):
+            reply = primary.push_pull(PushPull(w, tickets[w], _grads(primary, 100 * s + w), 0.1, s + 1))
+            link.flush()
+            tickets[w] = reply.wait().pulled.ticket
+
+
+def test_the_backup_holds_ops_unapplied_and_its_state_is_the_primarys_when_read():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, _ = _replicated(primary, link)
+    replica._refresh_after = 0  # no fresh seeds: everything since the first one stays queued
+    _step_all(primary, link, 6)
+    mirror = link.mirrors["ps:1"]
+    assert mirror.metrics()["queued"] == 7 and mirror.service is None  # the seed and six pushes, none applied
+    state = mirror.state()  # applies them all, in order
+    assert mirror.metrics()["queued"] == 0
+    restored = _service(AsyncPolicy())
+    _snapshot.install(restored, state.snapshot)
+    _same(primary, restored)
+
+
+def test_a_small_primary_seeds_its_backup_anew_so_that_it_never_applies_a_push():
+    link = FakeLink()
+    primary = _service(SyncPolicy(2, 2), 2)
+    replica, _ = _replicated(primary, link)
+    state_bytes = _snapshot.take(primary).nbytes()
+    push_bytes = sum(f.numel() * f.element_size() for f in primary.flats)
+    assert replica._refresh_after == REFRESH_FACTOR * state_bytes
+    steps = replica._refresh_after // push_bytes // 2 + 3  # past one refresh's worth, two workers a step
+    _step_all(primary, link, steps, workers=2)
+    mirror = link.mirrors["ps:1"]
+    assert replica.refreshes == 1 and replica.seeds == 1
+    assert replica._refresh_after == REFRESH_FACTOR * _snapshot.take(primary).nbytes()  # Adam's state counts now
+    queued = list(mirror._queue)
+    assert isinstance(queued[0][1], SeedOp) and len(queued) < 8  # the pushes before the new seed were dropped
+    assert mirror.service is None  # no op was ever applied there
+    _same(primary, mirror)  # and read now, it is the primary's, held sync round included
+
+
+def test_a_queue_past_its_bound_is_applied_by_the_thread_that_fills_it(monkeypatch):
+    monkeypatch.setattr(_mirror, "MIRROR_HOLD_BYTES", 200)  # a push here is 60 bytes of gradients
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, _ = _replicated(primary, link)
+    replica._refresh_after = 0
+    _step_all(primary, link, 8)
+    mirror = link.mirrors["ps:1"]
+    assert mirror.service is not None and mirror.metrics()["queued"] < 4  # applied when the bound was passed
+    _same(primary, mirror)
+
+
+def test_a_large_state_is_never_sent_again_and_its_backup_applies_as_before():
+    """A state too large to send every REFRESH_FACTOR of its size in ops (or one with tables) gets no fresh seeds."""
+    big = {"w": torch.zeros(1100, 1000)}  # 4.4 MB: REFRESH_FACTOR times that is past half the mirror's bound
+    link = FakeLink()
+    primary = _service(AsyncPolicy(), values=big)
+    replica, _ = _replicated(primary, link)
+    assert replica._refresh_after == 0
