@@ -48,7 +48,6 @@ from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_FACTOR
 from towerflow.ps.server.replies import Released, complete as _complete
 
 
-
 class Replicator:
     """Forwards one model's mutating calls on this ps task to the backup's mirror and holds replies until acked.
 

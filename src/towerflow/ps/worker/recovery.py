@@ -216,10 +216,11 @@ class Recovery:
         """Ask the lost task's backup to serve its part (`endpoints.promote`) and call it there from now on; False
         when it cannot (its mirror does not stand for the lost incarnation, or the backup is gone too)."""
         client = self.client
-        backup = self.server.rpc_name_of("ps", backup_of(gone.task, client.layout.num_ps))
+        backup_task = backup_of(gone.task, client.layout.num_ps)
+        backup = self.server.rpc_name_of("ps", backup_task)
         future = _transport.call_async(backup, Endpoints.promote, args=(client.model_name, gone.task, gone.name))
         try:
-            self.server.wait_watching(future, task=("ps", backup_of(gone.task, client.layout.num_ps)))
+            self.server.wait_watching(future, task=("ps", backup_task))
             if not future.wait():
                 return False
         except ClusterError:  # the backup went silent too
