@@ -62,6 +62,13 @@ class FakeLink:
         return self.restarted[task]
 
 
+def _wait_seeding(replica, link, backup: str, deadline_s: float = 10.0) -> None:
+    """Until the watcher thread has made `backup` the backup and queued its seed (it sets the one, then the other)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and not (replica.backup == backup and any(to == backup for to, _, _ in link.queue)):
+        time.sleep(0.01)
+
+
 def _relay(ack, future) -> None:
     """The mirror's answer, an ack or its refusal, as the connection's."""
     try:
@@ -213,9 +220,7 @@ def test_a_lost_backup_leaves_the_primary_unreplicated_until_it_is_seeded_again(
     link.mirrors["ps:1:r1"] = Mirror("model", 0)
     link.flush()  # the frame fails: the reply goes at once, and the watcher seeds the new incarnation
     assert reply.done() and "going on unreplicated" in said[0]
-    deadline = time.monotonic() + 10
-    while replica.backup != "ps:1:r1" and time.monotonic() < deadline:  # the watcher thread seeds
-        time.sleep(0.01)
+    _wait_seeding(replica, link, "ps:1:r1")  # the watcher thread seeds
     assert replica.backup == "ps:1:r1" and replica.backup_losses == 1
     link.flush()
     reply = primary.push_pull(PushPull(0, reply.wait().pulled.ticket, _grads(primary, 2), None, 2))
@@ -241,9 +246,7 @@ def test_a_primary_says_it_went_unreplicated_before_it_answers_without_its_backu
     link.mirrors["ps:1:r1"] = Mirror("model", 0)
     link.flush()  # the first push's frame fails
     assert events[:2] == [("unreplicated", True), "reply"]
-    deadline = time.monotonic() + 10
-    while replica.backup != "ps:1:r1" and time.monotonic() < deadline:  # the watcher thread seeds
-        time.sleep(0.01)
+    _wait_seeding(replica, link, "ps:1:r1")  # the watcher thread seeds
     link.flush()  # the seed is acknowledged
     assert events == [("unreplicated", True), "reply", ("unreplicated", False)]
 
@@ -322,9 +325,7 @@ def test_a_backup_not_restarted_in_time_is_offered_a_seed_again_on_a_new_connect
         _same(primary, mirror)
         return
     link.flush()  # the seed fails: the next watch waits for the restart
-    deadline = time.monotonic() + 10
-    while replica.backup != "ps:1:r1" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_seeding(replica, link, "ps:1:r1")
     link.flush()
     assert replica.backup == "ps:1:r1" and not answers
     _same(primary, link.mirrors["ps:1:r1"])
