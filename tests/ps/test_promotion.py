@@ -20,6 +20,7 @@ from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
 from towerflow.ps.server.replication import Replicator
 from towerflow.ps.worker.client import PSLost
 from towerflow.ps.worker.recovery import Recovery
+from tests.ps.test_send_again import _Client as _RecordingClient
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
 
 
@@ -139,13 +140,14 @@ class _Server:
         self.watched = task
 
 
-class _Client:
+class _Client(_RecordingClient):
+    """test_send_again's recording client, with two replicated ps tasks, the first one lost."""
+
     def __init__(self):
-        self.channels = [_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])]
-        self.server, self.replica_lag, self.ps_replicas, self.worker, self.pushes = _Server(), 0, 2, 0, 10
+        super().__init__([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
+        self.server, self.ps_replicas, self.pushes = _Server(), 2, 10
         self.is_chief, self.global_step, self.model_name = True, 20, "model"
         self.layout = types.SimpleNamespace(num_ps=2)
-        self.pushed_again, self.installed = [], None
 
     def follow_restarts(self):
         pass
@@ -157,15 +159,6 @@ class _Client:
     def _push_pull_call(self, ch, buffers, push):
         self.pushed_again.append((ch.task, ch.via, push.clock))
         return ("push", ch.task)
-
-    def call(self, ch, endpoint, *args):
-        return ("pull", ch.task)
-
-    def wait(self, ch, call):
-        pass
-
-    def install(self, calls):
-        self.installed = calls
 
 
 def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(monkeypatch):

@@ -97,6 +97,11 @@ def part_key(model: str, primary: int) -> str:
     return f"{model}@{primary}"
 
 
+def is_part_key(name: str) -> bool:
+    """Whether a model name is a `part_key`: a part a backup serves while promoted."""
+    return "@" in name
+
+
 @dataclasses.dataclass(frozen=True)
 class PushOp:
     """A worker's push (`ShardService.push`'s arguments)."""

@@ -23,8 +23,8 @@ from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, Endpoints, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
-from towerflow.ps.replication_messages import (PROMOTED, MirrorState, ReplicaFrame, SeedOp, move_key, part_key,
-                                               unreplicated_key)
+from towerflow.ps.replication_messages import (PROMOTED, MirrorState, ReplicaFrame, SeedOp, is_part_key, move_key,
+                                               part_key, unreplicated_key)
 from towerflow.ps.server import linked as _linked
 from towerflow.ps.server import mirror_link as _mirror_link
 from towerflow.ps.server import snapshot as _snapshot
@@ -56,7 +56,7 @@ def services() -> Dict[str, ShardService]:
 def _get(model: str) -> ShardService:
     service = _services.get(model)
     if service is None:
-        if "@" in model:  # a part this task served while promoted (part_key), given back since
+        if is_part_key(model):  # a part this task served while promoted, given back since
             raise PartMoved(f"this ps task no longer serves {model!r}: its primary is back")
         raise ParameterServerError(
             f"this ps holds no model {model!r} (it has {sorted(_services)}); the chief creates it in strategy.setup() — "
@@ -84,7 +84,7 @@ def create(model: str, request: CreateShards) -> int:
         step = service.load_state_dict(request.state, request.finished)
     else:
         step = service.coordinator.global_step
-    if request.backup_task is not None and "@" not in model:  # not a part served here while promoted (part_key)
+    if request.backup_task is not None and not is_part_key(model):  # a part served while promoted has no backup
         _replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None,
                    max_lag=request.replica_lag)
     if request.open_now:
