@@ -54,7 +54,7 @@ class LinkOffer:
         return f"{self.prefix}.{suffix}"
 
 
-def _mapped(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
+def mapped(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
     size = max(numel, 1)
     if create:  # reserve the memory now: a full /dev/shm fails here (ENOSPC), not later as a SIGBUS on first write
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -68,7 +68,7 @@ def _mapped(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Te
 
 
 def _slots(offer: LinkOffer, kind: str, specs: TensorSpecs, create: bool) -> List[List[torch.Tensor]]:
-    return [[_mapped(offer.path(f"{kind}{k}.{i}"), n, d, create) for i, (n, d) in enumerate(specs)]
+    return [[mapped(offer.path(f"{kind}{k}.{i}"), n, d, create) for i, (n, d) in enumerate(specs)]
             for k in range(SLOTS)]
 
 
@@ -129,6 +129,7 @@ class LinkClient:
         self._in_flight: set = set()
         self._arrived: Dict[int, tuple] = {}  # replies read while waiting for another slot's
         self._closed: Optional[str] = None
+        self._hangup: Optional[select.poll] = None
 
     def connect(self) -> None:
         """The server has opened its ends (its serve call returned True): drop the names."""
@@ -177,6 +178,15 @@ class LinkClient:
             raise payload
         return payload
 
+    def peer_gone(self) -> bool:
+        """Whether the server's end is closed (its process ended), asked without waiting or reading a reply."""
+        if self._closed is not None:
+            return True
+        if self._hangup is None:
+            self._hangup = select.poll()
+            self._hangup.register(self._reply_fd, select.POLLHUP)  # POLLHUP: the reply pipe has no writer left
+        return any(events & (select.POLLHUP | select.POLLERR) for _, events in self._hangup.poll(0))
+
     def _close_for(self, why: str) -> LinkClosed:
         self._closed = why
         return LinkClosed(why)
@@ -199,10 +209,12 @@ class LinkClient:
 Handler = Callable[[Any, List[torch.Tensor], List[torch.Tensor]], Any]
 
 
-def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server") -> bool:
+def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server",
+          on_end: Optional[Callable[[], None]] = None) -> bool:
     """Serve `offer` in a thread: handler(header, request tensors, reply tensors) returns the reply header, or a
     future of it, having written (or writing, before it completes) the reply tensors. False when the offer's files are
-    not on this host (the caller then keeps using RPC)."""
+    not on this host (the caller then keeps using RPC). `on_end()` runs in that thread once the caller is gone (not
+    when this process exits)."""
     try:
         requests = _slots(offer, "q", offer.requests, create=False)
         replies = _slots(offer, "r", offer.replies, create=False)
@@ -237,6 +249,8 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
                     return  # the process is exiting (`_stop_servers`)
                 frame = _read_frame(request_fd)
                 if frame is None:
+                    if on_end is not None:
+                        on_end()
                     return
                 slot, header = frame
                 try:

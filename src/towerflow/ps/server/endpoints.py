@@ -20,6 +20,7 @@ import torch
 
 from towerflow.cluster import server as _server
 from towerflow.cluster import shm_link as _shm_link
+from towerflow.cluster import shm_ring as _shm_ring
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, Endpoints, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
@@ -107,7 +108,7 @@ def _replicate(model: str, task: int, service: ShardService, backup_task: int, r
             lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
             _transport.is_peer_lost,
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause, alive_ok=True),
-            direct=_direct_sender(server, model, task, backup_task, service), max_lag=max_lag,
+            direct=_direct_sender(server, model, task, backup_task, service, sender), max_lag=max_lag,
             mark_unreplicated=lambda on: move_key(server.swap, unreplicated_key(model, sender), "1" if on else "0",
                                                   ("", "0") if on else ("1",)) != PROMOTED,
             reconnect=_transport.reconnect, fenced=lambda why: _fence(server.name, why))
@@ -124,7 +125,7 @@ def _fence(name: str, why: str) -> None:
     os._exit(FENCED_EXIT)
 
 
-def _direct_sender(server, model: str, task: int, backup_task: int, service: ShardService):
+def _direct_sender(server, model: str, task: int, backup_task: int, service: ShardService, sender: str):
     """What opens a thread's own connection to the backup `to` (a same-host link's thread: a shared-memory link
     for its pushes, `mirror_link.py`, beside a direct channel), or None on the messaging thread, which must not
     wait for an ack."""
@@ -137,7 +138,8 @@ def _direct_sender(server, model: str, task: int, backup_task: int, service: Sha
         other = _ToBackup(_transport.direct_channel(to))
         if not use_link:
             return other
-        offer = lambda o: _transport.call_async(to, Endpoints.attach_mirror_link, args=(model, task, o)).wait()  # noqa: E731
+        offer = lambda link, ring: _transport.call_async(  # noqa: E731
+            to, Endpoints.attach_mirror_link, args=(model, task, link, ring, sender)).wait()
         return _mirror_link.open_sender(service.flats, offer, other, server.name) or other
 
     return open_for
@@ -173,11 +175,24 @@ def replicate(frame: ReplicaFrame) -> torch.futures.Future:
     return _mirror(frame.model, frame.primary).receive(frame)
 
 
-def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer) -> bool:
-    """Take ps task `primary`'s pushes for its mirror here through its shared-memory link (`mirror_link.py`); False
-    when the link's files are not on this host."""
+def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer, ring: Optional[_shm_ring.RingOffer] = None,
+                       sender: str = "") -> bool:
+    """Take the pushes of ps task `primary` (the incarnation `sender`) for its mirror here through its shared-memory
+    link and ring (`mirror_link.py`); False when their files are not on this host."""
     mirror = _mirror(model, primary)
-    return _shm_link.serve(offer, _mirror_link.handler(mirror.receive), name=f"towerflow-mirror-link-{model}-{primary}")
+    try:
+        reader = _mirror_link.attach_ring(ring)
+    except FileNotFoundError:
+        return False
+    if reader is not None:
+        mirror.add_ring(sender, reader)
+    on_end = (lambda: mirror.drop_ring(reader)) if reader is not None else None
+    if _shm_link.serve(offer, _mirror_link.handler(mirror.receive), name=f"towerflow-mirror-link-{model}-{primary}",
+                       on_end=on_end):
+        return True
+    if reader is not None:
+        mirror.drop_ring(reader)
+    return False
 
 
 def mirror_state(model: str, primary: int) -> MirrorState:

@@ -1,7 +1,8 @@
 """A backup ps task's side of replication: one mirror of a primary's part of a model, fed in order.
 
 The primary (`replication.py`) sends a seed (a `ServiceSnapshot`), then every state-changing call it
-makes, numbered, by remote calls or, on one host, through shared memory (`mirror_link.py`). The
+makes, numbered, by remote calls or, on one host, through shared memory (`mirror_link.py`): there its
+pushes wait in rings that this mirror takes from whenever another op arrives or its state is read. The
 mirror is a `ShardService` of its own that nobody pulls from. It holds each frame until the ones
 before it have come (an early one waits; one already held, or from an incarnation that no longer
 feeds the mirror, is ignored), applies the ops strictly in their numbers' order, and answers each
@@ -23,14 +24,16 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 
+from towerflow.cluster.shm_ring import RingReader
 from towerflow.errors import ParameterServerError
 from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, FinishOp, LoadStateOp, MirrorState, PushOp,
                                                RejoinOp, ReplicaFrame, ReplicaOp, RowsReadOp, SeedOp, op_nbytes)
 from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.mirror_link import ring_frame
 from towerflow.ps.server.service import ShardService
 
 class Mirror:
@@ -48,7 +51,46 @@ class Mirror:
         self._queued_bytes = 0  # their tensors' bytes
         self._applying = False
         self.promoted = False  # its service serves the lost primary's part (endpoints.promote), until retired
+        self._rings: List[Tuple[str, RingReader]] = []  # (the primary incarnation writing it, its ring)
         self._lock = threading.Condition()
+
+    def add_ring(self, sender: str, ring: RingReader) -> None:
+        """Take `sender`'s pushes from `ring` too (`mirror_link.py`)."""
+        with self._lock:
+            self._rings.append((sender, ring))
+
+    def drop_ring(self, ring: RingReader) -> None:
+        """Its writer is gone: keep what it wrote (the state may be asked for next), then let it go."""
+        with self._lock:
+            self._take_rings()
+            self._hold_in_order()
+            self._rings = [(s, r) for s, r in self._rings if r is not ring]
+
+    def _take_rings(self) -> None:
+        """Hold the ops the feeding incarnation wrote into its rings (under the lock); those a seed made moot are
+        skipped without a copy."""
+        for sender, ring in self._rings:
+            if sender == self.fed_by and not self.promoted:
+                ring.take(lambda values, grads, sender=sender: self._hold_record(sender, values, grads))
+
+    def _hold_record(self, sender: str, values: tuple, grads: List[torch.Tensor]) -> None:
+        if int(values[0]) > self.seq:
+            frame = ring_frame(self.model, self.primary, sender, values, grads)
+            self._early[frame.seq] = frame
+
+    def _close_rings(self, keep: Optional[str]) -> None:
+        """Tell the writers of every ring not written by `keep` that this mirror takes no more from them."""
+        for sender, ring in self._rings:
+            if sender != keep:
+                ring.close()
+        self._rings = [(s, r) for s, r in self._rings if s == keep]
+
+    def _hold_in_order(self) -> None:
+        while self.fed_by is not None and self.seq + 1 in self._early:
+            self.seq += 1
+            op = self._early.pop(self.seq).op
+            self._queue.append((self.seq, op))
+            self._queued_bytes += op_nbytes(op)
 
     def receive(self, frame: ReplicaFrame) -> torch.futures.Future:
         """Hold `frame`, apply what is ready (unless another thread does), and answer with a future of the last
@@ -67,16 +109,14 @@ class Mirror:
                 self._queue.clear()  # what the seed replaces is not applied (a thread applying holds only its op)
                 self._queued_bytes = 0
                 self._queue.append((frame.seq, frame.op))
+                self._close_rings(keep=frame.sender)
             elif frame.sender == self.fed_by and frame.seq <= self.seq:
                 pass  # held already
             elif self.fed_by is None or frame.sender == self.fed_by:
                 self._early[frame.seq] = frame
             # else: a frame of an incarnation that no longer feeds this mirror (it was seeded anew since)
-            while self.fed_by is not None and self.seq + 1 in self._early:
-                self.seq += 1
-                op = self._early.pop(self.seq).op
-                self._queue.append((self.seq, op))
-                self._queued_bytes += op_nbytes(op)
+            self._take_rings()
+            self._hold_in_order()
             held = self.seq
             applies = self._queued_bytes > MIRROR_HOLD_BYTES and not self._applying
             self._applying = self._applying or applies
@@ -110,6 +150,8 @@ class Mirror:
     def wait_applied(self, timeout: float = 60.0) -> None:
         """Apply every op held so far, or wait while another thread does (ParameterServerError after `timeout` s)."""
         with self._lock:
+            self._take_rings()
+            self._hold_in_order()
             mine = bool(self._queue) and not self._applying
             self._applying = self._applying or mine
         if mine:
@@ -126,7 +168,10 @@ class Mirror:
         with self._lock:
             if not self.promoted and (self.fed_by != lost or self.error is not None):
                 return None
+            self._take_rings()  # what the lost primary wrote before, and never again what it may write after
+            self._hold_in_order()
             self.promoted = True
+            self._close_rings(keep=None)
         self.wait_applied()  # the seed and every op it holds, applied
         return self.service if self.error is None else None
 
@@ -149,7 +194,7 @@ class Mirror:
     def metrics(self) -> dict:
         with self._lock:
             return {"primary": self.primary, "fed_by": self.fed_by, "promoted": self.promoted, "held": self.seq, "applied": self.applied,
-                    "queued": len(self._queue), "early": len(self._early), "error": str(self.error or "") or None,
+                    "queued": len(self._queue), "early": len(self._early), "rings": len(self._rings), "error": str(self.error or "") or None,
                     "global_step": self.service.coordinator.global_step if self.service is not None else None}
 
 

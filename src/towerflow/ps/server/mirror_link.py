@@ -1,25 +1,35 @@
-"""Replication ops from a primary to a backup of the same host through shared memory (`cluster/shm_link.py`).
+"""Replication ops from a primary to a backup of the same host through shared memory.
 
 A push's op carries the worker's gradients, one flat tensor per dtype, every step. Over a remote call
-they would cross the loopback's TCP stack and two messaging threads on each side; on one host the
-primary copies them into a shared request slot instead and sends the op's small header down a pipe,
-and the backup's link thread, `serve_link`, takes them from the slot and hands the op to its mirror,
-answering with the mirror's acknowledgement. A thread of the primary that may wait (a worker's
-same-host link thread) opens one such link of its own, as it would a direct channel; ops of other
-kinds (table rows, a finish, a seed) keep the remote call, and the mirror puts the two paths back in
-order by their numbers.
+they would cross the loopback's TCP stack and two messaging threads on each side. On one host the
+primary writes them into a ring in shared memory that the backup maps (`cluster/shm_ring.py`): once
+written, the op is in the backup's memory and counts as held, and the backup, which needs its ops only
+when its state is read (`mirror.py`), takes them from the ring then, or when another op arrives. Nobody
+wakes per op. When the ring is full (the backup has not taken its ops for a while), or where the ring
+is not supported, the op goes through a shared request slot of a link (`cluster/shm_link.py`) whose
+small header goes down a pipe; the backup's link thread hands it to the mirror, which first takes what
+the ring holds, and answers with the mirror's acknowledgement. The link's pipe also tells the primary
+that the backup's process is gone. A thread of the primary that may wait (a worker's same-host link
+thread) opens one such link of its own, as it would a direct channel; ops of other kinds (table rows,
+a finish, a seed) keep the remote call, and the mirror puts the paths back in order by their numbers.
 """
 
 from __future__ import annotations
 
+import math
 import sys
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from towerflow.cluster import shm_link
-from towerflow.ps.messages import Ticket
-from towerflow.ps.replication_messages import PushOp, ReplicaFrame
+from towerflow.cluster import shm_link, shm_ring
+from towerflow.errors import ParameterServerError
+from towerflow.ps.messages import PUSH_KINDS, Ticket
+from towerflow.ps.replication_messages import MIRROR_HOLD_BYTES, PushOp, ReplicaFrame
+
+RING_BYTES = MIRROR_HOLD_BYTES // 2  # a ring's records at most: what a refreshed mirror holds between seeds
+RING_MIN_SLOTS = 8  # fewer records of a large push would fill it too often to save a wake-up
+RING_MAX_SLOTS = 256  # a small state's mirror is seeded anew long before (replication.py)
 
 
 class _SlotAck:
@@ -35,19 +45,61 @@ class _SlotAck:
         return self._value
 
 
-class LinkSender:
-    """This thread's link to the backup: pushes with dense gradients only through the slots, the rest by `other`."""
+class _RingHeld:
+    """An op written into the ring: held by the backup as it stands (`op_held`), whatever came before it."""
 
-    def __init__(self, link: shm_link.LinkClient, specs: Sequence[tuple], other: Callable[[ReplicaFrame], object]):
-        self.link, self.specs, self.other = link, tuple(specs), other
+    op_held = True
+
+    @staticmethod
+    def result() -> int:
+        return 0
+
+
+_RING_HELD = _RingHeld()
+
+
+RING_FIELDS = ("seq", "worker", "step", "gap", "lr", "kind")  # a ring record's values, in order
+
+
+def ring_values(frame: ReplicaFrame) -> Tuple[float, ...]:
+    """A ring record's values: what a push's op carries beside its gradients (the link's own fields are fixed)."""
+    op = frame.op
+    return (frame.seq, op.worker, op.ticket.step, op.ticket.gap, math.nan if op.lr is None else op.lr,
+            PUSH_KINDS.index(op.kind))
+
+
+def ring_frame(model: str, primary: int, sender: str, values: Tuple[float, ...], grads: List[torch.Tensor]) -> ReplicaFrame:
+    """The op of a ring record, its gradients copied out of the slot (the primary writes it again)."""
+    seq, worker, step, gap, lr, kind = values
+    op = PushOp(int(worker), Ticket(int(step), int(gap)), [g.clone() for g in grads], None if math.isnan(lr) else lr,
+                None, PUSH_KINDS[int(kind)])
+    return ReplicaFrame(model, primary, sender, int(seq), op)
+
+
+class LinkSender:
+    """This thread's link to the backup: pushes with dense gradients through the ring (else the slots), the rest by
+    `other`."""
+
+    def __init__(self, link: shm_link.LinkClient, specs: Sequence[tuple], other: Callable[[ReplicaFrame], object],
+                 ring: Optional[shm_ring.RingWriter] = None):
+        self.link, self.specs, self.other, self.ring = link, tuple(specs), other, ring
         self._next = 0
         self._unread: List[Optional[_SlotAck]] = [None] * shm_link.SLOTS
+        self.ring_ops = 0
 
     def __call__(self, frame: ReplicaFrame):
         op = frame.op
         if not (isinstance(op, PushOp) and op.rows is None
                 and tuple((g.numel(), g.dtype) for g in op.grads) == self.specs):
             return self.other(frame)
+        if self.ring is not None and self.ring.put(op.grads, ring_values(frame)):
+            if self.ring.closed:
+                raise ParameterServerError(f"the backup's mirror of /job:ps/task:{frame.primary}'s part of "
+                                           f"{frame.model!r} takes no more ops from {frame.sender} (it was promoted)")
+            if self.link.peer_gone():
+                raise shm_link.LinkClosed("the link's server is gone (its pipe hung up)")
+            self.ring_ops += 1
+            return _RING_HELD
         slot = self._next
         self._next = (slot + 1) % shm_link.SLOTS
         if self._unread[slot] is not None:  # its last op's ack must be in before the slot is written again
@@ -59,17 +111,21 @@ class LinkSender:
         return ack
 
     def close(self) -> None:
-        """The backup is lost: close the link and the other connection."""
+        """The backup is lost: close the link, the ring and the other connection."""
         self.link.close()
+        if self.ring is not None:
+            self.ring.unlink()
         close = getattr(self.other, "close", None)
         if close is not None:
             close()
 
 
-def open_sender(flats: Sequence[torch.Tensor], offer_to: Callable[[shm_link.LinkOffer], bool],
+def open_sender(flats: Sequence[torch.Tensor],
+                offer_to: Callable[[shm_link.LinkOffer, Optional[shm_ring.RingOffer]], bool],
                 other: Callable[[ReplicaFrame], object], who: str) -> Optional[LinkSender]:
-    """A link whose slots fit the primary's flat tensors, accepted by the backup (`offer_to`), or None (the ops
-    then go by `other` alone): shared memory too small, or the backup on another host after all."""
+    """A link whose slots fit the primary's flat tensors, with a ring of them where supported, accepted by the backup
+    (`offer_to`), or None (the ops then go by `other` alone): shared memory too small, or the backup on another host
+    after all."""
     specs = tuple((f.numel(), f.dtype) for f in flats)
     if not specs:
         return None
@@ -79,15 +135,32 @@ def open_sender(flats: Sequence[torch.Tensor], offer_to: Callable[[shm_link.Link
         print(f"towerflow: {who}: no shared-memory link to its backup ({e}); its ops go over remote calls",
               file=sys.stderr, flush=True)
         return None
+    ring = _open_ring(specs, who)
     try:
-        if not offer_to(link.offer):
+        if not offer_to(link.offer, ring.offer if ring is not None else None):
             link.close()
             return None
         link.connect()
     except BaseException:
         link.close()
         raise
-    return LinkSender(link, specs, other)
+    finally:
+        if ring is not None:
+            ring.unlink()  # mapped by the backup by now, or never to be
+    return LinkSender(link, specs, other, ring)
+
+
+def _open_ring(specs: Sequence[tuple], who: str) -> Optional[shm_ring.RingWriter]:
+    record = sum(n * torch.empty(0, dtype=d).element_size() for n, d in specs)
+    slots = min(RING_BYTES // max(record, 1), RING_MAX_SLOTS)
+    if slots < RING_MIN_SLOTS or not shm_ring.supported():
+        return None
+    try:
+        return shm_ring.RingWriter(specs, len(RING_FIELDS), slots)
+    except OSError as e:
+        print(f"towerflow: {who}: no shared-memory ring to its backup ({e}); its pushes wake it each time",
+              file=sys.stderr, flush=True)
+        return None
 
 
 def handler(receive: Callable[[ReplicaFrame], torch.futures.Future]) -> shm_link.Handler:
@@ -100,3 +173,8 @@ def handler(receive: Callable[[ReplicaFrame], torch.futures.Future]) -> shm_link
         return receive(ReplicaFrame(model, primary, sender, seq, op))
 
     return handle
+
+
+def attach_ring(offer: Optional[shm_ring.RingOffer]) -> Optional[shm_ring.RingReader]:
+    """The backup's end of a primary's ring (None: no ring offered)."""
+    return shm_ring.RingReader(offer) if offer is not None else None

@@ -62,7 +62,9 @@ class Replicator:
     `direct(to)`, when given, opens the calling thread's own connection to `to` (a function of a frame
     returning a call whose `result()` is the ack, read in that thread), or returns None in a thread that
     must not wait (the messaging thread): a same-host link's thread then sends its ops and reads their acks
-    itself, without two hand-offs to the messaging thread per op (cluster/direct.py).
+    itself, without two hand-offs to the messaging thread per op (cluster/direct.py). A call marked `op_held`
+    stands for its own op alone, held as sent (a same-host ring's record, `mirror_link.py`), not for every
+    op before it as an ack does.
     """
 
     is_replicated = True
@@ -83,7 +85,8 @@ class Replicator:
         self.max_lag = max_lag  # how many ops a worker's reply may run ahead of the backup's acks (0: none)
         self.backup: Optional[str] = None  # the backup incarnation's call name while replicating, else None
         self.seq = 0  # the number of the last op sent
-        self.acked = 0  # the highest number the current backup acknowledged
+        self.acked = 0  # the backup holds every op up to this number
+        self._held_alone: set = set()  # numbers above `acked` held by the backup, each on its own (`op_held`)
         self._lock = threading.Lock()  # guards backup, acked and the held replies (acks come on another thread)
         self._held: List[tuple] = []  # heap of (seq, tiebreak, released): replies waiting for that ack
         self._tiebreak = itertools.count()
@@ -179,7 +182,7 @@ class Replicator:
                 self._drop_direct(to)
                 self._backup_failed(to, error)
                 continue
-            self._acked(to, reached)
+            self._acked(to, reached, seq if getattr(call, "op_held", False) else None)
 
     def _drop_direct(self, to: str) -> None:
         """Close this thread's own connection to the lost backup `to` (dropped unclosed, its sockets would linger)."""
@@ -238,11 +241,18 @@ class Replicator:
             return
         self._acked(to, reached)
 
-    def _acked(self, to: str, reached: int) -> None:
+    def _acked(self, to: str, reached: int, alone: Optional[int] = None) -> None:
+        """The backup holds every op up to `reached`, and op `alone` too."""
         with self._lock:
             if to != self.backup:
                 return
-            self.acked = max(self.acked, reached)  # everything up to `reached` is held there, in order
+            self.acked = max(self.acked, reached)
+            if alone is not None and alone > self.acked:
+                self._held_alone.add(alone)
+            held = self._held_alone
+            while held and min(held) <= self.acked + 1:  # a few numbers: the ring's ops since the last ack
+                self.acked = max(self.acked, min(held))
+                held.discard(min(held))
             ready = []
             while self._held and self._held[0][0] <= self.acked:
                 ready += heapq.heappop(self._held)[2]
@@ -352,6 +362,8 @@ class Replicator:
             self._since_seed = 0
             with self._lock:
                 self.backup = to  # replies held until now wait for this seed's ack: it holds all they show
+                if not refresh:  # numbers another backup held
+                    self._held_alone.clear()
                 self.seq += 1
                 self._seed_seq = self.seq
                 self.seeds += int(not refresh)

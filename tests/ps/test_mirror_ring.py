@@ -1,0 +1,120 @@
+"""A same-host backup fed through a ring (`mirror_link.py`): the primary's pushes count as held once written and
+nobody wakes for them; the mirror takes them when another op arrives or its state is read, in order with the ops of
+the other paths; a fresh seed makes them moot; a promoted mirror stops its writer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from towerflow.cluster import shm_ring
+from towerflow.ps.messages import PushPull, Ticket
+from towerflow.ps.server import mirror_link as _mirror_link
+from towerflow.ps.server import replication as _replication
+from towerflow.ps.server.policies import AsyncPolicy
+from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
+
+pytestmark = pytest.mark.skipif(not shm_ring.supported(), reason="the ring's tickets need x86-64's store order")
+
+
+class _FakeSlots:
+    """The link's slots and pipe, in process: a call hands the op to the mirror at once."""
+
+    def __init__(self, specs, mirror):
+        self.requests = [[torch.zeros(n, dtype=d) for n, d in specs] for _ in range(2)]
+        self.handle = _mirror_link.handler(mirror.receive)
+        self.calls, self._replies, self.gone = 0, {}, False
+
+    def call(self, slot, head):
+        self.calls += 1
+        self._replies[slot] = self.handle(head, self.requests[slot], [])
+
+    def reply(self, slot):
+        return self._replies.pop(slot).value()
+
+    def peer_gone(self):
+        return self.gone
+
+    def close(self):
+        pass
+
+
+def _ring_fed(monkeypatch, slots=64):
+    """A primary whose pushes reach its backup's mirror through a real ring (and fake slots when it is full)."""
+    monkeypatch.setattr(_mirror_link, "RING_MAX_SLOTS", slots)
+    monkeypatch.setattr(_mirror_link, "RING_MIN_SLOTS", 1)
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    senders = []
+
+    def direct(to):
+        mirror = link.mirrors[to]
+        specs = tuple((f.numel(), f.dtype) for f in primary.flats)
+        ring = _mirror_link._open_ring(specs, "ps:0")
+        mirror.add_ring("ps:0", shm_ring.RingReader(ring.offer))
+        ring.unlink()
+        senders.append(_mirror_link.LinkSender(_FakeSlots(specs, mirror), specs, lambda f: link.call(to, f), ring))
+        return senders[-1]
+
+    replica, said = _replicated(primary, link, direct=direct)
+    return primary, replica, link, link.mirrors["ps:1"], senders, said
+
+
+def _steps(primary, link, steps, first=0):
+    ticket = primary.pull(0).wait().ticket
+    for s in range(first, first + steps):
+        reply = primary.push_pull(PushPull(0, ticket, _grads(primary, s), 0.1, s + 1))
+        link.flush()  # the first push goes the shared way; the thread's own connection opens after it
+        ticket = reply.wait().pulled.ticket
+
+
+def test_pushes_in_the_ring_are_held_at_once_and_read_only_with_the_state(monkeypatch):
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
+    replica._refresh_after = 0
+    _steps(primary, link, 12)
+    (sender,) = senders
+    assert sender.ring_ops == 11 and sender.link.calls == 0  # every push after the first: no slot, no pipe
+    assert mirror.metrics()["queued"] == 2  # the seed and the first push; the ring's were not taken yet
+    assert replica.metrics()["lag"] <= 1  # each counted as held when written (the last when its reply reads it)
+    _same(primary, mirror)  # read now: the ring's pushes taken and applied, in order
+
+
+def test_a_full_ring_sends_the_op_by_its_slot_and_the_mirror_takes_the_ring_first(monkeypatch):
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=4)
+    replica._refresh_after = 0
+    _steps(primary, link, 12)
+    (sender,) = senders
+    assert sender.link.calls == 2 and sender.ring_ops == 9  # 4, slot (the ring emptied), 4, slot, 1
+    assert mirror.seq == 12  # the seed, the shared-way push, then everything up to the second slot's op, in order
+    _same(primary, mirror)
+
+
+def test_a_fresh_seed_makes_the_rings_records_moot(monkeypatch):
+    monkeypatch.setattr(_replication, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
+    _steps(primary, link, 6)
+    assert replica.refreshes >= 5
+    assert len(mirror._queue) <= 2  # the newest seed, and at most the push after it
+    _same(primary, mirror)
+
+
+def test_a_promoted_mirror_takes_what_was_written_before_and_stops_the_writer(monkeypatch):
+    primary, replica, link, mirror, senders, said = _ring_fed(monkeypatch)
+    replica._refresh_after = 0
+    _steps(primary, link, 5)
+    service = mirror.promote("ps:0")
+    assert service is not None and service.coordinator.global_step == primary.coordinator.global_step
+    assert senders[0].ring.closed
+    primary.push(0, Ticket(primary.coordinator.global_step), _grads(primary, 99), 0.1)  # the old primary thawed
+    assert any("refused an op" in text and "promoted" in text for text in said), said
+    assert service.coordinator.global_step == primary.coordinator.global_step - 1  # the mirror took none of it
+
+
+def test_a_writer_gone_leaves_its_records_with_the_mirror(monkeypatch):
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
+    replica._refresh_after = 0
+    _steps(primary, link, 6)
+    (ring,) = [r for _, r in mirror._rings]
+    mirror.drop_ring(ring)  # its link ended: the primary's process is gone
+    assert mirror.metrics()["rings"] == 0 and mirror.seq == 7
+    _same(primary, mirror)
