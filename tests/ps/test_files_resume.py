@@ -100,8 +100,8 @@ def _first(stream, n: int):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ps,old,new,trained", [
-    (1, 2, 3, 6), (1, 3, 2, 4),  # every old worker stops mid-epoch
-    (0, 2, 3, 6),  # all-reduce replicas: the checkpoint says how many there were
+    (1, 3, 2, 4),  # ps workers, fewer after the restore; every old worker stops mid-epoch
+    (0, 2, 3, 6),  # all-reduce replicas, more after it: the checkpoint says how many there were
 ])
 def test_a_job_restored_on_another_number_of_workers_trains_each_record_of_the_epoch_once(launcher, tmp_path, ps, old,
                                                                                            new, trained):
