@@ -78,3 +78,19 @@ def test_a_reader_that_closes_the_ring_is_seen_by_its_writer(tmp_path):
     assert not writer.closed
     reader.close()
     assert writer.closed
+
+
+def test_files_left_by_a_killed_writer_are_swept_by_the_next_one(tmp_path):
+    """A writer killed between creating its files and the reader's mapping leaves them named; the next writer on
+    the host removes the files of creators no longer running, and only those."""
+    gone = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,))
+    gone.start()
+    gone.join(30)
+    left = tmp_path / f"towerflow-ring-{gone.pid}-{'a' * 32}.d0"
+    mine = tmp_path / f"towerflow-ring-{os.getpid()}-{'b' * 32}.d0"
+    other = tmp_path / "towerflow-notes.txt"
+    for path in (left, mine, other):
+        path.write_bytes(b"x")
+    writer = shm_ring.RingWriter(SPECS, 2, 2, directory=str(tmp_path))
+    assert not left.exists() and mine.exists() and other.exists()
+    writer.unlink()

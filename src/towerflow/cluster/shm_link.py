@@ -22,6 +22,7 @@ import dataclasses
 import fcntl
 import os
 import pickle
+import re
 import select
 import struct
 import threading
@@ -46,7 +47,7 @@ class LinkClosed(RuntimeError):
 class LinkOffer:
     """What the caller sends (over RPC) to the task that will serve the link: where its files are."""
 
-    prefix: str  # /dev/shm/towerflow-link-<random>: the files are prefix + ".q<k>.<i>", ".r<k>.<i>", ".in", ".out"
+    prefix: str  # /dev/shm/towerflow-link-<pid>-<random>: the files are prefix + ".q<k>.<i>", ".r<k>.<i>", ".in", ".out"
     requests: TensorSpecs
     replies: TensorSpecs
 
@@ -65,6 +66,37 @@ def mapped(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Ten
     elif not os.path.exists(path):
         raise FileNotFoundError(path)  # torch.from_file would create it: another host's file is not here
     return torch.from_file(path, shared=True, size=size, dtype=dtype)[:numel]
+
+
+_NAMED = re.compile(r"towerflow-(?:link|ring)-(\d+)-[0-9a-f]{32}\.")
+
+
+def new_prefix(kind: str, directory: str) -> str:
+    """A fresh name for a link's or a ring's files, with this process's pid in it. The files are unlinked once both
+    ends opened them, but a creator killed in between leaves them behind: each new name first removes the files of
+    creators that are no longer running (network-namespace hosts share this directory and the pids)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        names = []
+    for name in names:
+        match = _NAMED.match(name)
+        if match and not _running(int(match.group(1))):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:  # another process swept it first
+                pass
+    return os.path.join(directory, f"towerflow-{kind}-{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _slots(offer: LinkOffer, kind: str, specs: TensorSpecs, create: bool) -> List[List[torch.Tensor]]:
@@ -110,7 +142,7 @@ class LinkClient:
 
     def __init__(self, requests: TensorSpecs, replies: TensorSpecs, directory: str = SHM_DIR):
         """Raises OSError when the slots do not fit in `directory` (ENOSPC); nothing is left behind then."""
-        self.offer = LinkOffer(os.path.join(directory, f"towerflow-link-{uuid.uuid4().hex}"), tuple(requests), tuple(replies))
+        self.offer = LinkOffer(new_prefix("link", directory), tuple(requests), tuple(replies))
         self._paths = [self.offer.path(f"{kind}{k}.{i}") for kind, specs in (("q", requests), ("r", replies))
                        for k in range(SLOTS) for i in range(len(specs))] + [self.offer.path("in"), self.offer.path("out")]
         try:

@@ -17,7 +17,7 @@ ring) says so with `close`, which the writer sees on its next `put`.
 The ticket protocol relies on stores becoming visible to other processes in program order, which x86-64
 guarantees (TSO); `supported()` is False elsewhere and callers keep their doorbell there. The files are
 mapped from /dev/shm (`torch.from_file(shared=True)`: PyTorch's shared memory) and unlinked by the writer once
-the reader mapped them.
+the reader mapped them (those of a writer killed before are swept by the next one: `shm_link.new_prefix`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
-import uuid
 from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-from towerflow.cluster.shm_link import SHM_DIR, TensorSpecs, mapped
+from towerflow.cluster.shm_link import SHM_DIR, TensorSpecs, mapped, new_prefix
 
 _TAKEN, _CLOSED = 0, 1  # cells of the control block
 
@@ -44,7 +43,7 @@ def supported() -> bool:
 class RingOffer:
     """What the writer sends (over a remote call) to the reader: where the ring's files are and their shape."""
 
-    prefix: str  # /dev/shm/towerflow-ring-<random>: the files are prefix + ".d<i>", ".head", ".ctl"
+    prefix: str  # /dev/shm/towerflow-ring-<pid>-<random>: the files are prefix + ".d<i>", ".head", ".ctl"
     specs: TensorSpecs  # (numel, dtype) of each tensor of a record
     values: int  # float64 values of a record beside its ticket
     slots: int
@@ -69,7 +68,7 @@ class RingWriter(_Ring):
 
     def __init__(self, specs: Sequence[Tuple[int, torch.dtype]], values: int, slots: int, directory: str = SHM_DIR):
         """Raises OSError when the ring does not fit in `directory` (ENOSPC); nothing is left behind then."""
-        offer = RingOffer(os.path.join(directory, f"towerflow-ring-{uuid.uuid4().hex}"), tuple(specs), values, slots)
+        offer = RingOffer(new_prefix("ring", directory), tuple(specs), values, slots)
         self._paths = [offer.path(f"d{i}") for i in range(len(offer.specs))] + [offer.path("head"), offer.path("ctl")]
         try:
             super().__init__(offer, create=True)
