@@ -4,8 +4,8 @@ Run under `towerflow launch --ps P --workers W --ps-replicas 2 --max-restarts N`
 launcher). Every worker takes exactly STEPS steps on batches drawn from its own seeded generator, so
 two runs push the same gradients in the same order (one worker async, or sync, which applies the
 mean) and must end with the same ps values. MODEL: `dense` (a small MLP, Adam), `sparse` (an
-EmbeddingBag whose rows live on the ps tasks, and a linear head) or `hash` (a HashEmbedding admitting
-an id on its second sighting, and a linear head). The chief checkpoints every 20
+EmbeddingBag whose rows live on the ps tasks, and a linear head), `hash` (a HashEmbedding admitting
+an id on its second sighting, and a linear head) or `tables` (both tables, summed into one head). The chief checkpoints every 20
 global steps (MonitoredTrainingSession) and, for each `STEP:TASK[+TASK...]` of KILLS (comma-separated,
 or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms later from a thread
 (so the kill lands anywhere in the next steps: between calls, or with a push in flight); a TASK `chief`
@@ -106,6 +106,19 @@ class Hashed(nn.Module):
         return self.head(self.ids(ids))
 
 
+class BothTables(nn.Module):
+    """A fixed table and a hash vocabulary in one step: the ids as they are, and far outside any fixed range."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.table = nn.EmbeddingBag(64, 4, mode="sum", sparse=True, device=device)
+        self.ids = towerflow.ps.HashEmbedding(4, mode="sum", admit_after=2)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, ids):
+        return self.head(self.table(ids) + self.ids(ids * 10**9 + 7))
+
+
 def wait_restarted(before) -> None:
     """Block until each ps task of `before` ({task: its call name before the kill}) has joined again as a new
     incarnation (the training loop then finds it back at its next step)."""
@@ -122,6 +135,9 @@ if model_kind == "dense":
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 elif model_kind == "sparse":
     model = Sparse(strategy.table_device)
+    model.table.init_std = 0.1
+elif model_kind == "tables":
+    model = BothTables(strategy.table_device)
     model.table.init_std = 0.1
 else:
     model = Hashed()
