@@ -10,7 +10,9 @@ interleaved (1, 2, 1, 2, ...) so both see the same machine load:
 * `ctr`: examples/ctr_ps.py, the DLRM with 26 sparse tables on the ps tasks (`--rows` per table, batch
   1024 per worker, lazy Adam on the rows); total samples/s of both workers.
 
-`--settings 1,2,2@64` adds a setting with asynchronous replication (`--ps-replica-lag 64`); the settings
+`--hosts 3` runs each launch on three network-namespace hosts (root; benchmarks/_replicas_hosts.py): ps 0
+alone, ps 1 beside worker 0, worker 1 on the third, so that every mirror is on another host (the wire's
+default across hosts: encrypted). `--settings 1,2,2@64` adds a setting with asynchronous replication (`--ps-replica-lag 64`); the settings
 rotate from launch to launch. Prints each launch's rate, the medians and each setting's ratio to the
 first, with the load average before and after, and writes the raw numbers to
 benchmarks/results/ps_replicas.json (atomically).
@@ -38,15 +40,14 @@ def _setting(text: str) -> tuple:
     return int(replicas), (int(lag) if lag else None)
 
 
-def _command(job: str, setting: str, args) -> list:
+def _command(job: str, setting: str, args) -> tuple:
+    """(the launch's flags for this setting, the script and its arguments)."""
     replicas, lag = _setting(setting)
-    launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--ps-replicas", str(replicas)]
-    if lag is not None:
-        launch += ["--ps-replica-lag", str(lag)]
+    flags = ["--ps-replicas", str(replicas)] + (["--ps-replica-lag", str(lag)] if lag is not None else [])
     if job == "mlp":
-        return launch + [os.path.join(HERE, "_replicas_task.py"), str(args.mlp_steps), str(args.mlp_hidden)]
-    return launch + [os.path.join(REPO, "examples", "ctr_ps.py"), "--rows", str(args.rows), "--steps",
-                     str(args.ctr_steps), "--test-size", "2000"]
+        return flags, [os.path.join(HERE, "_replicas_task.py"), str(args.mlp_steps), str(args.mlp_hidden)]
+    return flags, [os.path.join(REPO, "examples", "ctr_ps.py"), "--rows", str(args.rows), "--steps", str(args.ctr_steps),
+                   "--test-size", "2000"]
 
 
 def _rate(job: str, output: str) -> float:
@@ -62,8 +63,13 @@ def run(job: str, setting: str, args) -> float:
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
     if job == "mlp":
         env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(_command(job, setting, args), cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=args.timeout)
+    flags, script = _command(job, setting, args)
+    if args.hosts == 3:
+        from _replicas_hosts import run_on_hosts
+
+        return _rate(job, run_on_hosts(script, flags, {}, args.timeout))  # one torch thread per task there
+    launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", *flags, *script]
+    done = subprocess.run(launch, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{job} setting {setting} exited {done.returncode}:\n{done.stdout[-4000:]}"
                            f"{done.stderr[-4000:]}")
@@ -80,12 +86,14 @@ def main(argv=None) -> dict:
     p.add_argument("--rows", type=int, default=200_000, help="ctr: rows per table")
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--settings", default="1,2", help="comma-separated R or R@LAG (--ps-replicas R --ps-replica-lag LAG)")
+    p.add_argument("--hosts", type=int, default=1, choices=(1, 3),
+                   help="3: on three network-namespace hosts (root), each part's mirror on another host")
     p.add_argument("--out", default=os.path.join(RESULTS, "ps_replicas.json"))
     args = p.parse_args(argv)
     settings = args.settings.split(",")
     for setting in settings:
         _setting(setting)  # a bad one fails before any launch
-    results = {"loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    results = {"hosts": args.hosts, "loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "python": sys.version.split()[0], "runs": {}}
     for job in args.jobs.split(","):
         rates = {s: [] for s in settings}
