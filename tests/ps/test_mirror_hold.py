@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from towerflow.ps.messages import PushPull
-from towerflow.ps.replication_messages import REFRESH_FACTOR, SeedOp
+from towerflow.ps.replication_messages import REFRESH_BYTES, REFRESH_FACTOR, SeedOp
 from towerflow.ps.server import mirror as _mirror
+from towerflow.ps.server import replication as _replication
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
@@ -38,7 +39,8 @@ def test_the_backup_holds_ops_unapplied_and_its_state_is_the_primarys_when_read(
     _same(primary, restored)
 
 
-def test_a_small_primary_seeds_its_backup_anew_so_that_it_never_applies_a_push():
+def test_a_small_primary_seeds_its_backup_anew_so_that_it_never_applies_a_push(monkeypatch):
+    monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)  # by its state's size alone: a few steps here
     link = FakeLink()
     primary = _service(SyncPolicy(2, 2), 2)
     replica, _ = _replicated(primary, link)
@@ -54,6 +56,13 @@ def test_a_small_primary_seeds_its_backup_anew_so_that_it_never_applies_a_push()
     assert isinstance(queued[0][1], SeedOp) and len(queued) < 8  # the pushes before the new seed were dropped
     assert mirror.service is None  # no op was ever applied there
     _same(primary, mirror)  # and read now, it is the primary's, held sync round included
+
+
+def test_a_tiny_state_is_not_seeded_anew_more_often_than_every_refresh_bytes_of_ops():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    replica, _ = _replicated(primary, link)
+    assert REFRESH_FACTOR * _snapshot.take(primary).nbytes() < REFRESH_BYTES == replica._refresh_after
 
 
 def test_a_queue_past_its_bound_is_applied_by_the_thread_that_fills_it(monkeypatch):

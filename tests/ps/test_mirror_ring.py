@@ -91,6 +91,7 @@ def test_a_full_ring_sends_the_op_by_its_slot_and_the_mirror_takes_the_ring_firs
 
 def test_a_fresh_seed_makes_the_rings_records_moot(monkeypatch):
     monkeypatch.setattr(_replication, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
+    monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
     _steps(primary, link, 6)
     assert replica.refreshes >= 5

@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from towerflow.errors import ClusterTimeoutError, PeerLostError
-from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_FACTOR, PushOp, ReplicaFrame, ReplicaOp,
+from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, PushOp, ReplicaFrame, ReplicaOp,
                                                SeedOp, ServiceSnapshot, op_nbytes)
 from towerflow.ps.server.replies import Released, complete as _complete
 
@@ -358,7 +358,8 @@ class Replicator:
                 return  # lost meanwhile, or another thread refreshed it
             snapshot = self._snapshot()
             size = snapshot.nbytes()
-            self._refresh_after = REFRESH_FACTOR * size if size and REFRESH_FACTOR * size <= MIRROR_HOLD_BYTES // 2 else 0
+            small = size and REFRESH_FACTOR * size <= MIRROR_HOLD_BYTES // 2
+            self._refresh_after = max(REFRESH_FACTOR * size, REFRESH_BYTES) if small else 0
             self._since_seed = 0
             with self._lock:
                 self.backup = to  # replies held until now wait for this seed's ack: it holds all they show
