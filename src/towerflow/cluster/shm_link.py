@@ -89,6 +89,15 @@ def new_prefix(kind: str, directory: str) -> str:
     return os.path.join(directory, f"towerflow-{kind}-{os.getpid()}-{uuid.uuid4().hex}")
 
 
+def unlink_all(paths) -> None:
+    """Remove these names, those already gone included."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -170,11 +179,7 @@ class LinkClient:
 
     def unlink(self) -> None:
         """Remove the files' names (the mappings and open pipes stay valid)."""
-        for path in self._paths:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        unlink_all(self._paths)
 
     def call(self, slot: int, header: Any) -> None:
         """Send `header` for the request tensors of `slot` (filled by the caller); `reply(slot)` waits for the answer."""

@@ -23,13 +23,12 @@ the reader mapped them (those of a writer killed before are swept by the next on
 from __future__ import annotations
 
 import dataclasses
-import os
 import platform
 from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-from towerflow.cluster.shm_link import SHM_DIR, TensorSpecs, mapped, new_prefix
+from towerflow.cluster.shm_link import SHM_DIR, TensorSpecs, mapped, new_prefix, unlink_all
 
 _TAKEN, _CLOSED = 0, 1  # cells of the control block
 
@@ -97,11 +96,7 @@ class RingWriter(_Ring):
 
     def unlink(self) -> None:
         """Remove the files' names (the mappings stay valid on both sides)."""
-        for path in self._paths:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        unlink_all(self._paths)
 
 
 class RingReader(_Ring):
