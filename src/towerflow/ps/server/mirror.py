@@ -33,7 +33,7 @@ from towerflow.errors import ParameterServerError
 from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, FinishOp, LoadStateOp, MirrorState, PushOp,
                                                RejoinOp, ReplicaFrame, ReplicaOp, RowsReadOp, SeedOp, op_nbytes)
 from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server.mirror_link import ring_frame
+from towerflow.ps.server.mirror_link import push_frame
 from towerflow.ps.server.service import ShardService
 
 class Mirror:
@@ -62,12 +62,11 @@ class Mirror:
     def drop_ring(self, ring: RingReader) -> None:
         """Its writer is gone: keep what it wrote (the state may be asked for next), then let it go."""
         with self._lock:
-            self._take_rings()
-            self._hold_in_order()
+            self._hold_what_came()
             self._rings = [(s, r) for s, r in self._rings if r is not ring]
 
     def _take_rings(self) -> None:
-        """Hold the ops the feeding incarnation wrote into its rings (under the lock); those a seed made moot are
+        """Hold, as early frames, the ops the feeding incarnation wrote into its rings; those a seed made moot are
         skipped without a copy."""
         for sender, ring in self._rings:
             if sender == self.fed_by and not self.promoted:
@@ -75,7 +74,7 @@ class Mirror:
 
     def _hold_record(self, sender: str, values: tuple, grads: List[torch.Tensor]) -> None:
         if int(values[0]) > self.seq:
-            frame = ring_frame(self.model, self.primary, sender, values, grads)
+            frame = push_frame(self.model, self.primary, sender, values, grads)
             self._early[frame.seq] = frame
 
     def _close_rings(self, keep: Optional[str]) -> None:
@@ -85,7 +84,9 @@ class Mirror:
                 ring.close()
         self._rings = [(s, r) for s, r in self._rings if s == keep]
 
-    def _hold_in_order(self) -> None:
+    def _hold_what_came(self) -> None:
+        """Take the rings' records, then hold in order every op whose predecessors are all here (under the lock)."""
+        self._take_rings()
         while self.fed_by is not None and self.seq + 1 in self._early:
             self.seq += 1
             op = self._early.pop(self.seq).op
@@ -115,8 +116,7 @@ class Mirror:
             elif self.fed_by is None or frame.sender == self.fed_by:
                 self._early[frame.seq] = frame
             # else: a frame of an incarnation that no longer feeds this mirror (it was seeded anew since)
-            self._take_rings()
-            self._hold_in_order()
+            self._hold_what_came()
             held = self.seq
             applies = self._queued_bytes > MIRROR_HOLD_BYTES and not self._applying
             self._applying = self._applying or applies
@@ -150,8 +150,7 @@ class Mirror:
     def wait_applied(self, timeout: float = 60.0) -> None:
         """Apply every op held so far, or wait while another thread does (ParameterServerError after `timeout` s)."""
         with self._lock:
-            self._take_rings()
-            self._hold_in_order()
+            self._hold_what_came()
             mine = bool(self._queue) and not self._applying
             self._applying = self._applying or mine
         if mine:
@@ -168,8 +167,7 @@ class Mirror:
         with self._lock:
             if not self.promoted and (self.fed_by != lost or self.error is not None):
                 return None
-            self._take_rings()  # what the lost primary wrote before, and never again what it may write after
-            self._hold_in_order()
+            self._hold_what_came()  # what the lost primary wrote before, and never again what it may write after
             self.promoted = True
             self._close_rings(keep=None)
         self.wait_applied()  # the seed and every op it holds, applied

@@ -58,18 +58,18 @@ class _RingHeld:
 _RING_HELD = _RingHeld()
 
 
-RING_FIELDS = ("seq", "worker", "step", "gap", "lr", "kind")  # a ring record's values, in order
+PUSH_FIELDS = ("seq", "worker", "step", "gap", "lr", "kind")  # a push's values in a ring record or a slot's header
 
 
-def ring_values(frame: ReplicaFrame) -> Tuple[float, ...]:
-    """A ring record's values: what a push's op carries beside its gradients (the link's own fields are fixed)."""
+def push_values(frame: ReplicaFrame) -> Tuple[float, ...]:
+    """What a push's op carries beside its gradients, as numbers (the link's own fields are fixed)."""
     op = frame.op
     return (frame.seq, op.worker, op.ticket.step, op.ticket.gap, math.nan if op.lr is None else op.lr,
             PUSH_KINDS.index(op.kind))
 
 
-def ring_frame(model: str, primary: int, sender: str, values: Tuple[float, ...], grads: List[torch.Tensor]) -> ReplicaFrame:
-    """The op of a ring record, its gradients copied out of the slot (the primary writes it again)."""
+def push_frame(model: str, primary: int, sender: str, values: Tuple[float, ...], grads: List[torch.Tensor]) -> ReplicaFrame:
+    """The op of a ring record or a slot, its gradients copied out (the primary writes the slot again)."""
     seq, worker, step, gap, lr, kind = values
     op = PushOp(int(worker), Ticket(int(step), int(gap)), [g.clone() for g in grads], None if math.isnan(lr) else lr,
                 None, PUSH_KINDS[int(kind)])
@@ -92,7 +92,7 @@ class LinkSender:
         if not (isinstance(op, PushOp) and op.rows is None
                 and tuple((g.numel(), g.dtype) for g in op.grads) == self.specs):
             return self.other(frame)
-        if self.ring is not None and self.ring.put(op.grads, ring_values(frame)):
+        if self.ring is not None and self.ring.put(op.grads, push_values(frame)):
             if self.ring.closed:
                 raise ParameterServerError(f"the backup's mirror of /job:ps/task:{frame.primary}'s part of "
                                            f"{frame.model!r} takes no more ops from {frame.sender} (it was promoted)")
@@ -105,8 +105,8 @@ class LinkSender:
         if self._unread[slot] is not None:  # its last op's ack must be in before the slot is written again
             self._unread[slot].result()
         torch._foreach_copy_(self.link.requests[slot], list(op.grads))
-        self.link.call(slot, (frame.model, frame.primary, frame.sender, frame.seq, op.worker, op.ticket.step,
-                              op.ticket.gap, op.lr, op.kind))  # plain values: pickled in a fraction of the dataclasses' time
+        self.link.call(slot, (frame.model, frame.primary, frame.sender, push_values(frame)))  # plain values: pickled
+        # in a fraction of the dataclasses' time
         ack = self._unread[slot] = _SlotAck(self.link, slot)
         return ack
 
@@ -156,7 +156,7 @@ def _open_ring(specs: Sequence[tuple], who: str) -> Optional[shm_ring.RingWriter
     if slots < RING_MIN_SLOTS or not shm_ring.supported():
         return None
     try:
-        return shm_ring.RingWriter(specs, len(RING_FIELDS), slots)
+        return shm_ring.RingWriter(specs, len(PUSH_FIELDS), slots)
     except OSError as e:
         print(f"towerflow: {who}: no shared-memory ring to its backup ({e}); its pushes wake it each time",
               file=sys.stderr, flush=True)
@@ -168,9 +168,8 @@ def handler(receive: Callable[[ReplicaFrame], torch.futures.Future]) -> shm_link
     later), handed to the mirror; the reply is the mirror's acknowledgement."""
 
     def handle(head: tuple, grads: List[torch.Tensor], _reply: List[torch.Tensor]) -> torch.futures.Future:
-        model, primary, sender, seq, worker, step, gap, lr, kind = head
-        op = PushOp(worker, Ticket(step, gap), [g.clone() for g in grads], lr, None, kind)
-        return receive(ReplicaFrame(model, primary, sender, seq, op))
+        model, primary, sender, values = head
+        return receive(push_frame(model, primary, sender, values, grads))
 
     return handle
 
