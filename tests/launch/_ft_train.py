@@ -14,9 +14,6 @@ DIR/kill-me when it is there, so that the test's SIGKILL lands exactly then (no 
 * before_first_step: in the cluster (RPC joined), before setup: it waits there to be killed;
 * finished: after finish() and with its done said (Server.join), while the chief trains on
   until it sees worker 1 rejoin (then stops: the rejoined worker trains no more);
-* ended: as finished, but the chief ends the cluster once the test has written DIR/killed, without
-  waiting for worker 1, and the restarted worker 1 starts its Server only once the cluster has
-  ended (a restart that finds nothing to rejoin);
 * raise: worker 1's first incarnation raises after its first 20 steps (its own error, not a kill);
 * joining, joining_served: worker 1's restarted incarnation (the test kills the first one after its
   20 steps) stops inside its join (slot claimed; its endpoint not serving yet, or serving and
@@ -64,17 +61,6 @@ def wait_for_file(name: str) -> None:
 
 me = (os.environ.get("TOWERFLOW_JOB_NAME"), os.environ.get("TOWERFLOW_TASK_INDEX"))
 restart = int(os.environ.get("TOWERFLOW_RESTART_COUNT") or 0)
-if moment == "ended" and me == ("worker", "1") and restart > 0:  # start only once the cluster has ended
-    from towerflow.cluster import ending, transport
-
-    host, port = os.environ["TOWERFLOW_STORE"].rsplit(":", 1)
-    store = transport.prefix_store("towerflow", transport.connect_store(host, int(port), HOLD_S))
-    deadline = time.monotonic() + HOLD_S
-    while not ending.has_ended(store):
-        if time.monotonic() > deadline:
-            sys.exit("_ft_train: the cluster never ended")
-        time.sleep(0.05)
-
 server = towerflow.Server(start=False)
 if moment.startswith("joining") and me == ("worker", "1") and restart > 0:  # hold the restarted worker in its join
     join_calls = server.membership.join_calls
@@ -126,7 +112,7 @@ def ps_view() -> dict:
 
 def chief_waits() -> bool:
     global rejoined_at
-    if not strategy.is_chief or moment == "ended":
+    if not strategy.is_chief:
         return False
     if rejoined_at is None and local % 20 == 0:
         if ps_view()["rejoins_by_worker"].get(1):
@@ -162,7 +148,7 @@ while not strategy.is_finished and (
     time.sleep(0.005)
 print(f"worker {strategy.replica_id} (restart {server.incarnation}): {local} steps, global step {strategy.global_step}", flush=True)
 strategy.finish()
-if moment in ("finished", "ended") and is_target:  # say where it is once its done is in the store
+if moment == "finished" and is_target:  # say where it is once its done is in the store
     def mark_when_done() -> None:
         while not server.rendezvous.is_marked("done"):
             time.sleep(0.01)
@@ -174,6 +160,4 @@ if strategy.is_chief:
     final = strategy.variables()
     print(f"ps metrics: {strategy.ps_metrics()}", flush=True)
     print(f"final: w: {final['w'].item():.4f}, b: {final['b'].item():.4f}", flush=True)
-    if moment == "ended":
-        wait_for_file("killed")
 server.join()

@@ -95,7 +95,7 @@ def test_the_coordinator_then_its_host_then_the_etcd_leader_are_lost_and_the_job
         _etcd_leader(h[3], members)
         cluster = tmp_path / "cluster.json"
         cluster.write_text(json.dumps({"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]}))
-        script = ["examples/mnist_ps.py", "--data", str(MNIST), "--steps", "5000"]
+        script = ["examples/mnist_ps.py", "--data", str(MNIST), "--steps", "3000"]
         flags = ["--store", f"etcd://{members}/job-{h.tag}", "--max-restarts", "3", "--logdir", str(tmp_path / "run")]
         ps = h.launch(h[0], cluster, "ps", 0, script, TOKEN, flags)
         chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)
