@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from towerflow.launch import environment as _env
+from towerflow.launch import forkserver as _forks
 from towerflow.launch import runlog as _runlog
 from towerflow.launch import verdict as _verdict
 
@@ -68,7 +69,8 @@ class TaskProcessSpec:
 
 class _Running:
     def __init__(self, spec: TaskProcessSpec, restarts: int, out: TextIO, err: TextIO, lock: threading.Lock,
-                 max_restarts: int = 0, reports: str = "", failing: Callable[[], bool] = lambda: False):
+                 max_restarts: int = 0, reports: str = "", failing: Callable[[], bool] = lambda: False,
+                 forks: Optional[_forks.ForkServer] = None):
         self.report_path = os.path.join(reports, f"{spec.job}.{spec.index}.{restarts}.json")
         # every task learns how many restarts are allowed: peers of a silent task wait that long for it
         env = {**_env.inherited(spec.unset), **spec.env, "PYTHONUNBUFFERED": "1", _env.ENV_MAX_RESTARTS: str(max_restarts),
@@ -84,15 +86,7 @@ class _Running:
         self._failing = failing
         self._lock = lock
         self._sink = err
-        self.proc = subprocess.Popen(
-            spec.argv,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if _libc is not None else None,
-        )
+        self.proc = _spawn(spec.argv, env, forks, err)
         self.threads = [
             threading.Thread(target=self._pump, args=(self.proc.stdout, out, lock, False), daemon=True),
             threading.Thread(target=self._pump, args=(self.proc.stderr, err, lock, True), daemon=True),
@@ -169,6 +163,7 @@ class Supervisor:
         self._reports = ""  # a folder for the tasks' failure reports, for the length of run()
         self._failed = False  # a task process failed (it may have been restarted since)
         self._log = _runlog.RunLog.for_tasks([t.env for t in self.tasks])  # the run's state for `towerflow top`
+        self._forks: Optional[_forks.ForkServer] = None  # for the length of run(), when it pays (_fork_server)
 
     def _say(self, text: str) -> None:
         with self._lock:
@@ -179,8 +174,9 @@ class Supervisor:
         """Exit code: 0 when every task exited 0; the failed task's code (or 128+signal); 130 on Ctrl-C.
 
         `hold` (the launcher's rendezvous store) is called once the tasks are started, so that its
-        start-up (importing torch) overlaps theirs (the tasks wait for the store's port); what it
-        returns is kept until the run ends. An error it raises stops every task and is raised here.
+        start-up (importing torch) overlaps theirs (the tasks wait for the store's port), or, with a fork
+        server, before, overlapping the fork server's; what it returns is kept until the run ends. An
+        error it raises stops every task and is raised here.
         """
         previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGUSR1)
         if threading.current_thread() is threading.main_thread():
@@ -192,12 +188,17 @@ class Supervisor:
         self._reports = tempfile.mkdtemp(prefix="towerflow-launch-")
         code = 130
         try:
+            self._forks = self._fork_server()
             self._log.run_start([_runlog.task_name(t.job, t.index) for t in self.tasks])
-            self._running = [self._start(t, 0) for t in self.tasks]
-            if self.max_restarts:  # restartable tasks: say which process is which (to watch them, or to test a kill)
-                self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
+            held = None
             try:
-                held = hold() if hold is not None else None
+                if self._forks is not None and hold is not None:
+                    held = hold()  # while the fork server imports torch: the forked tasks then find the store at once
+                self._running = [self._start(t, 0) for t in self.tasks]
+                if self.max_restarts:  # restartable tasks: say which process is which (to watch them, or test a kill)
+                    self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
+                if self._forks is None and hold is not None:
+                    held = hold()
             except Exception:
                 code = 2  # the run log says the launch failed, not that it was interrupted
                 raise
@@ -210,6 +211,8 @@ class Supervisor:
             return 130
         finally:
             self.stop_all()
+            if self._forks is not None:
+                self._forks.close()
             self._log_exits()
             self._log.run_end(code)
             shutil.rmtree(self._reports, ignore_errors=True)
@@ -217,6 +220,18 @@ class Supervisor:
                 signal.signal(signal.SIGTERM, previous[0])
                 signal.signal(signal.SIGINT, previous[1])
                 signal.signal(signal.SIGUSR1, previous[2])
+
+    def _fork_server(self) -> Optional[_forks.ForkServer]:
+        """One fork server for the run (forkserver.py) when it saves torch imports: several Python tasks, or one
+        that may be restarted; none under TOWERFLOW_FORK_SERVER=0."""
+        pays = len(self.tasks) > 1 or self.max_restarts > 0
+        if not (pays and _forks.enabled() and any(_forks.forkable(t.argv) for t in self.tasks)):
+            return None
+        try:
+            return _forks.ForkServer(_die_with_parent if _libc is not None else None)
+        except OSError as e:
+            self._say(f"no fork server ({e}); every task starts as a fresh interpreter")
+            return None
 
     def _pass_on(self, signum, frame) -> None:
         """SIGUSR1 to every task that catches it (one whose Server started); it would end one that does not."""
@@ -231,7 +246,8 @@ class Supervisor:
                 self._log.task_exit(_runlog.task_name(r.spec.job, r.spec.index), r.proc.poll(), r.restarts, r.stopped)
 
     def _start(self, spec: TaskProcessSpec, restarts: int) -> _Running:
-        return _Running(spec, restarts, self.out, self.err, self._lock, self.max_restarts, self._reports, self._failing)
+        return _Running(spec, restarts, self.out, self.err, self._lock, self.max_restarts, self._reports, self._failing,
+                        self._forks)
 
     def _failing(self) -> bool:
         """Whether a task has failed: a process exited non-zero, or one left a failure report (a task
@@ -353,6 +369,18 @@ class Supervisor:
             except subprocess.TimeoutExpired:  # pragma: no cover
                 pass
             r.finish_output(0.5)
+
+
+def _spawn(argv: List[str], env: Dict[str, str], forks: Optional[_forks.ForkServer], err: TextIO):
+    """The task's process: forked from the launch's fork server when it has one and `argv` runs on this
+    interpreter, else a fresh interpreter (also when the fork server fails, which is said)."""
+    if forks is not None and _forks.forkable(argv):
+        try:
+            return forks.spawn(argv, env)
+        except OSError as e:
+            err.write(f"{_verdict.PREFIX}{e}; starting {argv[1]} as a fresh interpreter instead\n")
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_die_with_parent if _libc is not None else None)
 
 
 def _catches(pid: int, signum: int) -> bool:
