@@ -155,3 +155,55 @@ def _write(folder: Path, code: str) -> Path:
     path = folder / "t.py"
     path.write_text(code)
     return path
+
+
+def test_a_fork_server_that_cannot_fork_answers_every_request_with_why(tmp_path):
+    """The zygote refuses when its imports loaded the CUDA driver (a forked child could not use the GPU)."""
+    import pickle
+    import socket
+    import threading
+
+    from towerflow.launch import zygote
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    refusing = threading.Thread(target=zygote._refuse, args=(theirs, "loaded the CUDA driver"), daemon=True)
+    refusing.start()
+    for _ in range(2):
+        r, w = os.pipe()
+        socket.send_fds(ours, [pickle.dumps(forkserver.ForkRequest(("python", "x.py"), {}, "/"))], [w])
+        assert pickle.loads(ours.recv(forkserver.MAX_MESSAGE)) == forkserver.ForkFailed("loaded the CUDA driver")
+        os.close(w)
+        assert os.read(r, 1) == b""  # the zygote closed what it was sent: nobody holds the task's pipe
+        os.close(r)
+    ours.close()
+    refusing.join(5)
+    assert not refusing.is_alive()
+
+
+def test_tasks_start_fresh_with_one_line_said_when_the_fork_server_fails(tmp_path):
+    class Refusing:
+        gone = None
+
+        def spawn(self, argv, env):
+            self.gone = "the fork server refused"
+            raise OSError(self.gone)
+
+    from towerflow.launch import supervisor
+
+    err = io.StringIO()
+    script = _write(tmp_path, "import os; print(os.getppid())")
+    refusing = Refusing()
+    procs = [supervisor._spawn([sys.executable, str(script)], dict(os.environ), refusing, err) for _ in range(2)]
+    assert [p.wait(60) for p in procs] == [0, 0]
+    assert [int(p.stdout.read()) for p in procs] == [os.getpid(), os.getpid()]  # fresh interpreters, our children
+    assert err.getvalue().count("the fork server refused; starting the tasks as fresh interpreters instead") == 1
+
+
+@pytest.mark.gpu
+def test_forked_tasks_use_the_gpu(tmp_path):
+    """The fork server never initializes CUDA (or refuses to fork), so its children can."""
+    script = _write(tmp_path, "import torch; print(float((torch.ones(4, device='cuda') * 2).sum()))")
+    out, err = io.StringIO(), io.StringIO()
+    specs = [TaskProcessSpec("worker", i, [sys.executable, str(script)], {}) for i in range(2)]
+    assert Supervisor(specs, out=out, err=err).run() == 0, err.getvalue()
+    assert out.getvalue().count("8.0") == 2 and "fresh interpreters" not in err.getvalue(), err.getvalue()

@@ -143,7 +143,8 @@ class ForkServer:
         if not isinstance(answer, Forked):
             os.close(out_r)
             os.close(err_r)
-            raise OSError(getattr(answer, "error", repr(answer)))
+            self.gone = self.gone or getattr(answer, "error", repr(answer))  # it will not fork any other either
+            raise OSError(self.gone)
         return ForkedProcess(self, answer.pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
 
     def returncode(self, pid: int, timeout: Optional[float] = 0.0) -> Optional[int]:

@@ -374,11 +374,11 @@ class Supervisor:
 def _spawn(argv: List[str], env: Dict[str, str], forks: Optional[_forks.ForkServer], err: TextIO):
     """The task's process: forked from the launch's fork server when it has one and `argv` runs on this
     interpreter, else a fresh interpreter (also when the fork server fails, which is said)."""
-    if forks is not None and _forks.forkable(argv):
+    if forks is not None and forks.gone is None and _forks.forkable(argv):
         try:
             return forks.spawn(argv, env)
         except OSError as e:
-            err.write(f"{_verdict.PREFIX}{e}; starting {argv[1]} as a fresh interpreter instead\n")
+            err.write(f"{_verdict.PREFIX}{e}; starting the tasks as fresh interpreters instead\n")
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_die_with_parent if _libc is not None else None)
 

@@ -33,6 +33,7 @@ def _preload() -> None:
     """What nearly every task imports first: torch (most of a fresh process's start), its distributed and
     neural-network packages, torch._dynamo (which a process's first optimizer imports: 3 s of a core),
     numpy and ZeroMQ."""
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # should anything ask for a GPU: NVML, not the CUDA driver
     import numpy  # noqa: F401
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
@@ -40,6 +41,26 @@ def _preload() -> None:
     import torch.nn  # noqa: F401
     import torch.optim  # noqa: F401
     import zmq  # noqa: F401
+
+
+def _cuda_loaded() -> bool:
+    """Whether the CUDA driver library is in this process: a CUDA call happened, and a forked child could not
+    use the GPU ("initialization error")."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return False
+
+
+def _refuse(sock: socket.socket, why: str) -> None:
+    """Answer every request with `why` until the launcher closes its end (it starts those tasks afresh)."""
+    while True:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 3)
+        for fd in fds:
+            os.close(fd)
+        if not data or not _tell(sock, ForkFailed(why)):
+            return
 
 
 def _serve(sock: socket.socket) -> Optional[Tuple[ForkRequest, List[int], int]]:
@@ -193,6 +214,9 @@ def _run(argv: Tuple[str, ...]) -> None:
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     _preload()
+    if _cuda_loaded():
+        _refuse(sock, "the fork server's imports loaded the CUDA driver, so its children could not use a GPU")
+        os._exit(0)
     child = _serve(sock)
     if child is None:  # the launcher closed its end: nothing here to flush or finalize
         os._exit(0)
