@@ -90,7 +90,7 @@ def test_a_lonely_task_names_the_missing_one_within_the_join_timeout(hosts, tmp_
     took = time.monotonic() - started
     out = lonely.output
     assert code != 0
-    assert took < 5 + 15, f"the lonely task took {took:.0f} s to give up (join timeout 5 s)"
+    assert took < 5 + 25, f"the lonely task took {took:.0f} s to give up (join timeout 5 s)"  # + the start, loaded
     assert f"{missing} at {h[1].name}:2222" in out, out[-3000:]
     assert "gave up after 5 s" in out
 

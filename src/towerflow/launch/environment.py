@@ -28,6 +28,7 @@ from towerflow.taskenv import ENV_ERROR_FILE, ENV_MAX_RESTARTS, ENV_RESTART_COUN
 # towers. The price: a task keeps its peak heap. Measured in docs/parameter-server.md, "Allocator
 # settings". TOWERFLOW_PS_ALLOCATOR=system leaves the allocator as the system has it.
 ENV_PS_ALLOCATOR = "TOWERFLOW_PS_ALLOCATOR"
+ENV_FORK_SERVER = "TOWERFLOW_FORK_SERVER"  # "0": start every task as a fresh interpreter
 PS_ALLOCATOR_CHOICES = ("tuned", "system")
 ENV_THP_ALLOC = "THP_MEM_ALLOC_ENABLE"  # PyTorch's: CPU tensors of 2 MB and more on transparent huge pages
 PS_ALLOCATOR_ENV = {
@@ -51,6 +52,17 @@ def adopt(env: Mapping[str, str], drop: Iterable[str] = ()) -> None:
         os.environ.pop(name, None)
     os.environ.update(env)
     _te.forget()  # this process's task context is the adopted one from now on
+
+
+def become(env: Mapping[str, str]) -> None:
+    """A task forked by the fork server (zygote.py): exactly `env`, nothing of the fork server's own left."""
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def fork_server_wanted() -> bool:
+    """Whether the launching shell leaves the fork server on (TOWERFLOW_FORK_SERVER, launch/forkserver.py)."""
+    return os.environ.get(ENV_FORK_SERVER, "1") != "0"
 
 
 def launch_default(name: str, default: Optional[str] = None) -> Optional[str]:

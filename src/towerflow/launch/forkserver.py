@@ -27,7 +27,9 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-ENV_FORK_SERVER = "TOWERFLOW_FORK_SERVER"  # "0": start every task as a fresh interpreter
+from towerflow.launch import environment as _env
+from towerflow.launch.environment import ENV_FORK_SERVER  # noqa: F401 (the switch, named with the module)
+
 START_TIMEOUT_S = 300.0  # the zygote's first answer waits for its torch import, slow on a loaded machine
 MAX_MESSAGE = 1 << 20
 # Room for a task's command line and environment in the zygote's own (zygote._show_as writes them there)
@@ -71,10 +73,6 @@ def forkable(argv: Sequence[str]) -> bool:
     return not argv[1].startswith("-")
 
 
-def enabled(env: Optional[Dict[str, str]] = None) -> bool:
-    return (env if env is not None else os.environ).get(ENV_FORK_SERVER, "1") != "0"
-
-
 class ForkServer:
     """The launcher's end: starts the zygote, asks it for tasks, and keeps the exit codes it reports."""
 
@@ -83,7 +81,7 @@ class ForkServer:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "towerflow.launch.zygote", str(theirs.fileno()), " " * ARGV_ROOM],
-                env={**os.environ, ENV_ROOM_VAR: " " * ENV_ROOM}, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                env={**_env.inherited(), ENV_ROOM_VAR: " " * ENV_ROOM}, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
         finally:
             theirs.close()

@@ -225,7 +225,7 @@ class Supervisor:
         """One fork server for the run (forkserver.py) when it saves torch imports: several Python tasks, or one
         that may be restarted; none under TOWERFLOW_FORK_SERVER=0."""
         pays = len(self.tasks) > 1 or self.max_restarts > 0
-        if not (pays and _forks.enabled() and any(_forks.forkable(t.argv) for t in self.tasks)):
+        if not (pays and _env.fork_server_wanted() and any(_forks.forkable(t.argv) for t in self.tasks)):
             return None
         try:
             return _forks.ForkServer(_die_with_parent if _libc is not None else None)

@@ -24,6 +24,8 @@ import socket
 import sys
 from typing import List, Optional, Tuple
 
+from towerflow import library_env
+from towerflow.launch import environment as _env
 from towerflow.launch.forkserver import MAX_MESSAGE, Exited, ForkFailed, Forked, ForkRequest
 
 _PR_SET_PDEATHSIG = 1
@@ -31,16 +33,15 @@ _PR_SET_PDEATHSIG = 1
 
 def _preload() -> None:
     """What nearly every task imports first: torch (most of a fresh process's start), its distributed and
-    neural-network packages, torch._dynamo (which a process's first optimizer imports: 3 s of a core),
-    numpy and ZeroMQ."""
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # should anything ask for a GPU: NVML, not the CUDA driver
+    neural-network packages, torch._dynamo (which a process's first optimizer imports: 3 s of a core) and
+    numpy."""
+    library_env.assign("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # should anything count GPUs: NVML, not the CUDA driver
     import numpy  # noqa: F401
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401
     import torch.nn  # noqa: F401
     import torch.optim  # noqa: F401
-    import zmq  # noqa: F401
 
 
 def _cuda_loaded() -> bool:
@@ -133,8 +134,7 @@ def _become(request: ForkRequest, fds: List[int], zygote: int) -> None:
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request.cwd)
-    os.environ.clear()  # every variable now lives on the heap: the original block may be written over
-    os.environ.update(request.env)
+    _env.become(request.env)  # every variable now lives on the heap: the original block may be written over
     _show_as(request.argv, request.env)
     unbuffered = bool(request.env.get("PYTHONUNBUFFERED"))
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=sys.stdin.encoding)
