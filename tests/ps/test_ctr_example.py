@@ -1,8 +1,8 @@
 """examples/ctr_ps.py on 2 ps + 2 workers, its tables on the ps tasks, loses ps:1, then ps:0 while the
 workers wait for ps:1's restart, and, once a checkpoint newer than that restore exists, ps:0 again
 (SIGKILL); every table row and its optimizer state come back from the newest checkpoint each time and
-the run still ends within 0.01 of the best possible AUC, moving at most 1.1x the minimum bytes per step. (Two ps tasks lost at the same instant: tests/ps/test_replicas_kill.py, a part with every
-replica lost.)"""
+the run still ends within 0.01 of the best possible AUC, moving at most 1.1x the minimum bytes per step.
+(Two ps tasks lost at the same instant: tests/ps/test_replicas_kill.py, a part with every replica lost.)"""
 
 from __future__ import annotations
 
