@@ -128,9 +128,9 @@ class ForkServer:
                 socket.send_fds(self._sock, [request], [null, out_w, err_w])
                 try:
                     answer = self._answers.get(timeout=START_TIMEOUT_S)
-                except queue.Empty:
-                    raise OSError(f"the fork server (pid {self._proc.pid}) did not answer within "
-                                  f"{START_TIMEOUT_S:g} s") from None
+                except queue.Empty:  # a late answer would be taken for the next request's: ask it nothing more
+                    self.gone = f"the fork server (pid {self._proc.pid}) did not answer within {START_TIMEOUT_S:g} s"
+                    raise OSError(self.gone) from None
         except BaseException:
             os.close(out_r)
             os.close(err_r)
