@@ -12,7 +12,8 @@ or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms 
 kills the chief itself right after (as a host holding both would go down), once: not when restarted; a TASK
 `cutN` leaves ps task N running but aborts every TCP connection to it (`ss -K`), and `stopN` freezes it (SIGSTOP: a
 host that stops answering; a later kill of task N ends it, and the launcher restarts it); `wait` among them makes
-the chief wait, after the kill, until the killed ps tasks have joined again. The chief
+the chief wait, after the kill, until the killed ps tasks have joined again (and for one look of its
+worker's, which asks whether a part its backup serves can go back every LOOK_BACK_EVERY_S). The chief
 writes the final values, the ps tasks' whole state (`optimizer.state_dict()`: values, optimizer and table
 state, clocks), the global step and its recoveries to DIR/final.pt.
 """
@@ -30,6 +31,7 @@ from torch import nn
 
 import towerflow
 from towerflow.cluster import server
+from towerflow.ps.worker.recovery import LOOK_BACK_EVERY_S
 
 folder, steps, model_kind, kills = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
@@ -175,6 +177,7 @@ with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, log
             kill_soon([t for t in plan[i] if t != "wait"])
             if "wait" in plan[i]:
                 wait_restarted(restarting)
+                time.sleep(LOOK_BACK_EVERY_S)  # the next step then looks whether a part's task is back
 if strategy.is_chief:
     final = strategy.wait_for_workers()
     out = {"global_step": final, "variables": strategy.variables(), "tables": strategy.table_values(),

@@ -23,6 +23,8 @@ from towerflow.ps.replication_messages import backup_of, part_key
 from towerflow.ps.worker import from_mirrors
 from towerflow.ps.worker.client import PSClient, PSLost
 
+LOOK_BACK_EVERY_S = 1.0  # how often a worker asks whether a ps task whose backup serves its part is back (two store reads)
+
 
 class Recovery:
     """Runs a client's wire operations so that a lost ps task is waited for, restored, and gone on from."""
@@ -59,12 +61,12 @@ class Recovery:
 
     def _follow_parts_back(self) -> None:
         """A part its backup serves (promoted) goes back to its ps task once the launcher restarted that: looked for
-        once a second (two store reads), and taken as a loss of the task, which the chief restores from the part."""
+        every LOOK_BACK_EVERY_S, and taken as a loss of the task, which the chief restores from the part."""
         client = self.client
         promoted = [ch for ch in client.channels if ch.via is not None]
         if not promoted or time.monotonic() < self._next_look:
             return
-        self._next_look = time.monotonic() + 1.0
+        self._next_look = time.monotonic() + LOOK_BACK_EVERY_S
         for ch in promoted:
             now = self.server.rpc_name_of("ps", ch.task)
             if now != ch.to:
