@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from towerflow.launch import environment as _env
 from towerflow.launch.environment import ENV_FORK_SERVER  # noqa: F401 (the switch, named with the module)
@@ -143,7 +143,7 @@ class ForkServer:
             os.close(err_r)
             self.gone = self.gone or getattr(answer, "error", repr(answer))  # it will not fork any other either
             raise OSError(self.gone)
-        return ForkedProcess(self, answer.pid, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+        return ForkedProcess(self, answer.pid, argv, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
 
     def returncode(self, pid: int, timeout: Optional[float] = 0.0) -> Optional[int]:
         """`pid`'s exit code once the zygote reported it, waiting up to `timeout` s (None: for ever)."""
@@ -169,12 +169,12 @@ class ForkServer:
 class ForkedProcess:
     """What the supervisor uses of a `subprocess.Popen`, for a task the zygote forked."""
 
-    def __init__(self, server: ForkServer, pid: int, stdout, stderr):
+    def __init__(self, server: ForkServer, pid: int, argv: Sequence[str], stdout, stderr):
         self._server = server
         self.pid = pid
+        self.args = list(argv)  # as Popen.args: what a TimeoutExpired names
         self.stdout, self.stderr = stdout, stderr
         self.returncode: Optional[int] = None
-        self.args: List[str] = []
 
     def poll(self) -> Optional[int]:
         if self.returncode is None:
