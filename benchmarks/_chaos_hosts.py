@@ -1,7 +1,8 @@
 """benchmarks/chaos.py's job on three network-namespace hosts (root), as on three machines
 (tests/multihost/netns.py): the ps and the two workers each on a host of its own, or, with
 `ps_replicas=2`, two ps tasks mirrored on each other on two hosts with a worker beside the second; a
-launcher per task. A host can be killed (every process on it) or cut off for a while (its cable unplugged).
+launcher per task. A host can be killed (every process on it, then started again, or lost for good) or cut off
+for a while (its cable unplugged).
 
 With `store="etcd"` every host also runs a member of a 3-member etcd cluster (tests/cluster/_etcd.py,
 data on tmpfs, as a machine's disk) that holds the rendezvous (`--store etcd://...`); a lost host
@@ -45,6 +46,7 @@ class NamespaceHosts:
         self.env = {"TOWERFLOW_CLUSTER_TOKEN": "chaos-" + os.urandom(4).hex(), "PYTHONPATH": env["PYTHONPATH"]}
         self.flags = ["--max-restarts", "1000", "--logdir", str(work / "logdir"), "--ps-replicas", str(ps_replicas)]
         self.etcd: List = []
+        self.lost: List[int] = []  # hosts lost for good: their launchers' exits do not count
         self._timers: List[threading.Timer] = []
         self._etcd_data: Optional[Path] = None
         try:
@@ -89,10 +91,15 @@ class NamespaceHosts:
         return proc
 
     def running(self) -> bool:
-        return any(p.popen.poll() is None for procs in self.procs for p in procs)
+        return any(p.popen.poll() is None for i, procs in enumerate(self.procs) if i not in self.lost for p in procs)
 
     def targets(self) -> List[str]:
         return [f"/job:{job}/task:{index}" for tasks in self.places for job, index in tasks]
+
+    def ps_only_targets(self) -> List[str]:
+        """The tasks of hosts that hold ps tasks alone: the hosts a replicated job can lose for good."""
+        return [f"/job:{job}/task:{index}" for tasks in self.places if all(j == "ps" for j, _ in tasks)
+                for job, index in tasks]
 
     def kill_task(self, task: str) -> bool:
         pid = self.output.pids().get(task)
@@ -112,13 +119,19 @@ class NamespaceHosts:
         self._timers.append(timer)
         return True
 
-    def kill_host(self, task: str) -> bool:
-        """Every process of the task's host dies (its launchers too); then its launchers start again."""
+    def kill_host(self, task: str, again: bool = True) -> bool:
+        """Every process of the task's host dies (its launchers too); then its launchers start again, or, not
+        `again`, the host is lost for good (its etcd member too)."""
         i = self._host_of(task)
-        if all(p.popen.poll() is not None for p in self.procs[i]):
+        if i in self.lost or all(p.popen.poll() is not None for p in self.procs[i]):
             return False
         for p in self.procs[i]:
             p.kill()
+        if not again:
+            if self.etcd:
+                self.etcd[i].kill()
+            self.lost.append(i)
+            return True
         if self.etcd:
             self.etcd[i].kill()
             self.etcd[i] = self._start_member(i)  # the machine's disk kept its data
@@ -126,7 +139,7 @@ class NamespaceHosts:
         return True
 
     def exit_code(self, timeout: float) -> int:
-        codes = [p.popen.wait(timeout) for procs in self.procs for p in procs]
+        codes = [p.popen.wait(timeout) for i, procs in enumerate(self.procs) if i not in self.lost for p in procs]
         return next((c for c in codes if c), 0)
 
     def close(self) -> None:

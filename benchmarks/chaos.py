@@ -1,6 +1,6 @@
 """Chaos: SIGKILL a random task (or a whole host) every K seconds for a whole run, and report what it cost.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host|link] [--down 25] [--store etcd] [--every 30]
+    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--hosts 1|3] [--kill task|host|link|lose] [--down 25] [--store etcd] [--every 30]
         [--steps 20000] [--mode async] [--ps 1] [--ps-replicas 1] [--seed 0] [--data MNIST_DIR] [--out DIR] [--json FILE]
 
 The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`
@@ -12,7 +12,9 @@ is the undisturbed runs' mean wall time over the chaos run's (its global steps/s
 `--hosts 1`: one `towerflow launch` runs the whole cluster. `--hosts 3` (root, `ip netns`): the ps and the two workers each on a network-namespace
 host with a launcher of its own (`--cluster FILE`); `--kill host` there kills a host's launcher with
 every task on it, then starts that launcher again, as a machine that reboots; `--kill link` unplugs a
-host's network cable for `--down` s, every process on it living on, cut off (a partition).
+host's network cable for `--down` s, every process on it living on, cut off (a partition); `--kill lose`
+(with `--ps 2 --ps-replicas 2`) kills the host that holds ps 0 alone, once, and never starts it again: its
+part goes on at its backup, and the recovery is the chief's line saying so.
 
 The kills come every K s from the first step on, at a random task each time; the next kill waits for
 the last one's recovery (a second loss during a recovery is another test). Reported: exit code, test
@@ -171,10 +173,10 @@ def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: ra
                     continue
                 kills[-1]["recovered_s"] = None if back is None else round(back - kills[-1]["at"], 2)
                 kills[-1]["checked"] = True
-            target = rng.choice(job.targets())
+            target = rng.choice(job.ps_only_targets() if kill == "lose" else job.targets())
             at = time.monotonic()
-            hit = {"host": lambda: job.kill_host(target), "link": lambda: job.cut_host(target, down)}.get(
-                kill, lambda: job.kill_task(target))
+            hit = {"host": lambda: job.kill_host(target), "link": lambda: job.cut_host(target, down),
+                   "lose": lambda: job.kill_host(target, again=False)}.get(kill, lambda: job.kill_task(target))
             if hit():
                 kills.append({"task": target, "at": at, "after_start_s": round(at - t0, 1), "recovered_s": None})
             next_kill = at + every
@@ -198,6 +200,8 @@ def run_job(make_job, kill: Optional[str], every: float, timeout: float, rng: ra
 
 
 def _recovery_of(kill: Optional[str], task: str) -> re.Pattern:
+    if kill == "lose":  # the chief trains on with the lost ps task's part at its backup
+        return re.compile(r"\[worker:0\] .*" + re.escape(task) + r" was not back within .* served by its backup")
     return _RECONNECTED if kill == "link" else recovered_line(task)
 
 
@@ -236,9 +240,10 @@ def summarize(cleans: List[dict], chaos: dict, every: float) -> dict:
 def main(argv: Optional[List[str]] = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--hosts", type=int, choices=(1, 3), default=1)
-    p.add_argument("--kill", choices=("task", "host", "link"), default="task",
-                   help="a task (SIGKILL), a whole host (every process; then its launchers again), or a host's link "
-                        "(unplugged for --down s, every process living on)")
+    p.add_argument("--kill", choices=("task", "host", "link", "lose"), default="task",
+                   help="a task (SIGKILL), a whole host (every process; then its launchers again), a host's link "
+                        "(unplugged for --down s, every process living on), or a ps host lost for good (once; "
+                        "--hosts 3 --ps 2 --ps-replicas 2)")
     p.add_argument("--down", type=float, default=25.0,
                    help="--kill link: seconds each cut lasts (above TOWERFLOW_HEARTBEAT_TIMEOUT, 15 s, to be seen)")
     p.add_argument("--store", choices=("embedded", "etcd"), default="embedded",
@@ -257,6 +262,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` or a scheduler's stop: close the job's processes
+    if args.kill == "lose" and (args.hosts, args.ps_replicas) != (3, 2):
+        p.error("--kill lose needs --hosts 3 --ps 2 --ps-replicas 2: the lost ps task's part lives on at its backup")
+    if args.kill == "lose":
+        args.max_kills = 1  # one host to lose: the job needs the others
     if args.kill in ("host", "link") and args.hosts == 1:
         p.error(f"--kill {args.kill} needs --hosts 3: with one host, losing it ends the job by definition")
     if args.hosts == 3 and args.ps != args.ps_replicas:

@@ -87,6 +87,10 @@ class PeerLostError(ClusterError):
     """Raised when a task cannot go on because another task (`task`) failed, vanished or stopped answering."""
 
 
+class ClusterLeftError(ClusterError):
+    """Raised by a wait on other tasks once this task has left the cluster (its store let go): nothing to wait for."""
+
+
 class RemoteError(ClusterError):
     """Raised when a remote call failed with an exception that could not be sent back as itself."""
 

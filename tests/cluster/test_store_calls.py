@@ -108,3 +108,32 @@ def test_waiting_for_all_asks_only_the_missing(monkeypatch):
     before = store.calls
     rv.wait_for_all("up", time.monotonic() + 5, "tasks up")
     assert store.calls - before == 1
+
+
+def test_a_task_another_one_stands_in_for_is_not_waited_for_and_costs_no_store_call(monkeypatch):
+    """A promoted backup stands in for a ps task whose host is gone: a worker waiting on the ps stops watching that
+    task's silence (it may never come back), still in the peer check's four store calls; its next incarnation
+    takes its place back as it joins, and is watched again."""
+    s = _cluster(8, monkeypatch)
+    seen: dict = {}
+    s.check_peers(seen, serving=("ps",))
+    seen["/job:ps/task:0"] = (seen["/job:ps/task:0"][0], time.monotonic() - 600)
+    with pytest.raises(ClusterError, match="/job:ps/task:0 at localhost:1 stopped answering"):
+        s.check_peers(seen, serving=("ps",))
+    backup = Server(s.cluster, "worker", 1, start=False)
+    backup.rendezvous.store = store = s.rendezvous.store
+    backup.membership.stand_in("ps", 0, "ps:1")
+    assert s.membership.stood_in() == {("ps", 0)}
+    before = store.calls
+    s.check_peers(seen, serving=("ps",))  # silent for 600 s, and stood in for: no error
+    assert store.calls - before == 4  # the done version (the set was just read), the failures, two for the beats
+    restarted = Server(s.cluster, "ps", 0, start=False)
+    restarted.rendezvous.store = store
+    restarted.rendezvous.incarnation = 1
+    monkeypatch.setattr("towerflow.cluster.transport.start_endpoint", lambda *a: None)
+    monkeypatch.setattr(restarted.membership, "_start_heartbeat", lambda: None)
+    restarted.membership.join_calls("localhost", None, 15.0)
+    assert s.membership.stood_in() == frozenset()
+    seen["/job:ps/task:0"] = ((1, 0), time.monotonic() - 600)  # as last seen before the restart
+    s.check_peers(seen, serving=("ps",))  # a new incarnation: alive again, watched again
+    assert seen["/job:ps/task:0"][0] == (2, 1)

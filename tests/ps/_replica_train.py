@@ -11,7 +11,8 @@ or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms 
 (so the kill lands anywhere in the next steps: between calls, or with a push in flight); a TASK `chief`
 kills the chief itself right after (as a host holding both would go down), once: not when restarted; a TASK
 `cutN` leaves ps task N running but aborts every TCP connection to it (`ss -K`), and `stopN` freezes it (SIGSTOP: a
-host that stops answering; a later kill of task N ends it, and the launcher restarts it); `wait` among them makes
+host that stops answering; a later kill of task N ends it, and the launcher restarts it); `napS` makes the chief
+sleep S seconds after the step (its sync partner waits on the ps that long); `wait` among them makes
 the chief wait, after the kill, until the killed ps tasks have joined again (and for one look of its
 worker's, which asks whether a part its backup serves can go back every LOOK_BACK_EVERY_S). The chief
 writes the final values, the ps tasks' whole state (`optimizer.state_dict()`: values, optimizer and table
@@ -148,7 +149,8 @@ data = torch.Generator().manual_seed(100 + strategy.replica_id)
 plan = {}
 for item in ([] if kills == "none" else kills.split(",")):
     at, tasks = item.split(":")
-    plan[int(at)] = [t if t in ("chief", "wait") or t.startswith(("cut", "stop")) else int(t) for t in tasks.split("+")]
+    plan[int(at)] = [t if t in ("chief", "wait") or t.startswith(("cut", "stop", "nap")) else int(t)
+                     for t in tasks.split("+")]
 if os.environ.get("TOWERFLOW_RESTART_COUNT", "0") != "0":
     plan = {}  # a restarted chief kills nothing again
 
@@ -174,10 +176,12 @@ with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, log
         session.run(step, i)
         if strategy.is_chief and i in plan:
             restarting = {t: server.current().rpc_name_of("ps", t) for t in plan[i] if isinstance(t, int)}
-            kill_soon([t for t in plan[i] if t != "wait"])
+            kill_soon([t for t in plan[i] if t != "wait" and not str(t).startswith("nap")])
             if "wait" in plan[i]:
                 wait_restarted(restarting)
                 time.sleep(LOOK_BACK_EVERY_S)  # the next step then looks whether a part's task is back
+            for nap in (float(t[3:]) for t in plan[i] if str(t).startswith("nap")):
+                time.sleep(nap)
 if strategy.is_chief:
     final = strategy.wait_for_workers()
     out = {"global_step": final, "variables": strategy.variables(), "tables": strategy.table_values(),

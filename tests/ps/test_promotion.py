@@ -1,7 +1,8 @@
 """A backup promoted in place of a lost primary (`--ps-replicas 2`), piece by piece: the store key that decides
 between the primary going on alone and its backup taking its place, the mirror that serves and then refuses the
-lost incarnation's ops, the primary that learns it was replaced and stops, and the worker that turns to the
-backup when the lost task is not back in time."""
+lost incarnation's ops, the primary that learns it was replaced and stops, the worker that turns to the
+backup when the lost task is not back in time, and the workers and restarted chief that find a part promoted
+already."""
 
 from __future__ import annotations
 
@@ -123,9 +124,9 @@ class _Channel:
 class _Server:
     """ps task 0 is lost and its launcher does not bring it back within the promotion wait."""
 
-    def __init__(self):
-        self.name, self.max_restarts, self.heartbeat_timeout = "/job:worker/task:0", 3, 15.0
-        self.membership = types.SimpleNamespace(join_timeout=60.0)
+    def __init__(self, stood_in=()):
+        self.name, self.max_restarts, self.heartbeat_timeout, self.incarnation = "/job:worker/task:0", 3, 15.0, 0
+        self.membership = types.SimpleNamespace(join_timeout=60.0, stood_in=lambda: frozenset(stood_in))
         self.context = types.SimpleNamespace(ps_promote_after=5.0)
         self.waited = []
 
@@ -143,9 +144,9 @@ class _Server:
 class _Client(_RecordingClient):
     """test_send_again's recording client, with two replicated ps tasks, the first one lost."""
 
-    def __init__(self):
+    def __init__(self, stood_in=()):
         super().__init__([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
-        self.server, self.ps_replicas, self.pushes = _Server(), 2, 10
+        self.server, self.ps_replicas, self.pushes = _Server(stood_in), 2, 10
         self.is_chief, self.global_step, self.model_name = True, 20, "model"
         self.layout = types.SimpleNamespace(num_ps=2)
 
@@ -200,3 +201,53 @@ def test_a_backup_that_cannot_stand_for_the_lost_primary_leaves_the_usual_wait(m
 
 def test_a_mirror_never_seeded_is_never_promoted():
     assert Mirror("model", 0).promote("ps:0") is None
+
+
+def _promote_answers(monkeypatch, asked):
+    from towerflow.ps.worker import recovery as _recovery
+
+    def call_async(to, endpoint, args):
+        asked.append((to, endpoint.name, args))
+        future = torch.futures.Future()
+        future.set_result(True)
+        return future
+    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+
+
+def test_a_part_its_backup_serves_already_is_called_there_without_the_promotion_wait(monkeypatch):
+    """Another worker promoted ps 0's backup (the store says it stands in for ps 0): this worker, or a restarted one,
+    turns to it at once instead of waiting for a restart that may never come."""
+    asked = []
+    _promote_answers(monkeypatch, asked)
+    client = _Client(stood_in={("ps", 0)})
+    recovery = Recovery(client)
+    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    assert client.server.waited == []  # neither the promotion wait nor a restart's
+    assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))]
+    assert (client.channels[0].via, client.channels[0].key) == ("ps:1", part_key("model", 0))
+    (record,) = recovery.recoveries
+    assert record["promoted"] == [0] and record["steps_lost"] == 0
+
+
+def test_a_restarted_chief_asks_a_promoted_part_at_its_backup_and_restores_nothing(monkeypatch):
+    """The chief is restarted while ps 0's part is served by its backup and ps 0 is not back (its host lost for
+    good): it asks the backup whether it holds the part, finds every part held, and connects as usual: nothing
+    is restored, nothing waits for ps 0."""
+    asked = []
+    _promote_answers(monkeypatch, asked)
+    client = _Client(stood_in={("ps", 0)})
+    client.server.incarnation = 1
+    asked_holds = []
+
+    def on_all(endpoint):
+        asked_holds.append([ch.via or ch.to for ch in client.channels])
+        if client.channels[0].via is None:
+            raise PSLost(0, "ps:0", RuntimeError("the connection to ps:0 failed its handshake"))
+        return [True, True]
+    client.on_all = on_all
+    client.connect = lambda: "connected"
+    recovery = Recovery(client)
+    monkeypatch.setattr(recovery, "restore_ps", lambda: pytest.fail("a part held by its backup was restored"))
+    assert recovery.connect() == "connected"
+    assert asked_holds == [["ps:0", "ps:1"], ["ps:1", "ps:1"]] and client.server.waited == []
+    assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))] and recovery.lost_with_chief == []

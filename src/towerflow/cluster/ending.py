@@ -20,7 +20,7 @@ back and has nothing to rejoin: its part of the work was over before it was kill
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Collection, Sequence, Tuple
 
 from towerflow.cluster import failures as _failures
 from towerflow.cluster import transport as _transport
@@ -29,7 +29,7 @@ from towerflow.cluster.transport import Store
 END_KEY = "cluster/end"  # "" or a rejoin's mark while the cluster runs, ENDED once its work is over
 ENDED = "ended"
 _MARKS = "cluster/rejoin_marks"  # a counter: each rejoin's mark is unique, so no two compare-and-sets pass as one
-DONE_VERSION = "cluster/done_version"  # a counter bumped after every change to a done key (see done_version)
+DONE_VERSION = "cluster/done_version"  # bumped after every change to a done or stand-in key (see done_version)
 
 
 def done_version(store: Store) -> int:
@@ -43,7 +43,12 @@ def done_version(store: Store) -> int:
 def mark_done(rendezvous) -> None:
     """Say in the store that this task is done (`Server.join`)."""
     rendezvous.mark("done")
-    rendezvous.store.add(DONE_VERSION, 1)
+    count_change(rendezvous.store)
+
+
+def count_change(store: Store) -> None:
+    """Bump the done version, after a done key (or a stand-in key: membership.py) changed."""
+    store.add(DONE_VERSION, 1)
 
 
 def _read(store: Store) -> str:
@@ -84,22 +89,24 @@ def take_back_done(store: Store, done_key: str) -> bool:
             return True
 
 
-def leave_together(rendezvous, wait_s: float = 10.0) -> None:
+def leave_together(rendezvous, wait_s: float = 10.0, absent: Collection[Tuple[str, int]] = ()) -> None:
     """The barrier before closing this task's endpoint, once the cluster has ended (see
-    transport.stop_endpoint): no task closes while another may still wait on a reply of its. A task that never comes (it died after finishing) only costs the wait."""
+    transport.stop_endpoint): no task closes while another may still wait on a reply of its. A task that never
+    comes (it died after finishing) only costs the wait; one known `absent` (another task stands in for it:
+    membership.stand_in) is not waited for."""
     rendezvous.mark("leaving")
-    rendezvous.wait_for_others("leaving", wait_s)
+    rendezvous.wait_for_others("leaving", wait_s, absent)
 
 
-def leave(rendezvous, graceful: bool) -> None:
+def leave(rendezvous, graceful: bool, absent: Collection[Tuple[str, int]] = ()) -> None:
     """Stop serving and calling, and let go of the store: `graceful` once the cluster has ended (together
-    with the others, and the task that hosts the store last), else at once (a failure)."""
+    with the others but those `absent`, and the task that hosts the store last), else at once (a failure)."""
     try:
         if graceful:
-            _transport.stop_endpoint(graceful=True, everyone_leaving=lambda: leave_together(rendezvous))
+            _transport.stop_endpoint(graceful=True, everyone_leaving=lambda: leave_together(rendezvous, absent=absent))
             rendezvous.mark("left")
             if rendezvous.hosts_store:  # the store must outlive everyone's leave
-                rendezvous.wait_for_others("left", 30.0)
+                rendezvous.wait_for_others("left", 30.0, absent)
         else:
             _transport.stop_endpoint(graceful=False)
     except Exception:

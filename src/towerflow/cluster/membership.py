@@ -20,7 +20,7 @@ from towerflow.cluster import failures as _failures
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
 
 ALIVE_BEATS = 3  # beats of a lost incarnation that show it lives on (`wait_for_restart(alive_ok=True)`)
 
@@ -46,7 +46,8 @@ class Membership:
         self._incarnations: Dict[tuple, int] = {}  # the last one seen of each task, for rpc_name_of
         self._beating = threading.Event()
         self._beat_thread: Optional[threading.Thread] = None
-        self._done: Tuple[int, frozenset] = (-1, frozenset())  # (done version read before the keys, the done tasks)
+        # (the done version read before the keys, the tasks done, the tasks another one stands in for)
+        self._marks: Tuple[int, frozenset, frozenset] = (-1, frozenset(), frozenset())
 
     @property
     def _store(self):
@@ -63,6 +64,8 @@ class Membership:
         _transport.start_endpoint(self._store, me, host, security, heartbeat_timeout)
         self._store.add(rv.key("beat"), 1)  # a first beat before the new incarnation shows (see check_heartbeats)
         self._store.set(rv.key("incarnation"), str(rv.incarnation))
+        if rv.incarnation > 0:
+            self.stand_in(rv.job, rv.index, None)  # back: watched again (what stood in for it hands its work back)
         rv.mark("up")
         self._start_heartbeat()
         return [rpc_name(rv.job, rv.index, k) for k in range(rv.incarnation)]
@@ -96,13 +99,15 @@ class Membership:
         lives, only a connection to it was lost (cut off, or a stall), and the caller connects again.
         Raises PeerLostError at once when the launcher will not restart it (no restarts left: a job that
         allows none ends on a lost connection as on a lost task), and ClusterTimeoutError when it is not
-        back within `timeout` (default: heartbeat + join timeouts).
+        back within `timeout` (default: heartbeat + join timeouts, and no limit while another task stands in for it).
         """
         name = task_name(job, index)
         limit = self.heartbeat_timeout + self.join_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         beats = self._beats(job, index) if alive_ok else 0
         while True:
+            if self._store is None:  # a thread of this task still waits as it leaves (a ps's watch for its backup)
+                raise ClusterLeftError(f"{self.name} has left the cluster: it waits for {name} no more")
             current = self.rpc_name_of(job, index)
             if current != lost:
                 return current
@@ -120,6 +125,8 @@ class Membership:
                     task=name,
                 )
             now = time.monotonic()
+            if now > deadline and timeout is None and (job, index) in self.stood_in():
+                deadline = now + limit  # its work goes on elsewhere: waited for as long as it takes, never given up
             if now > deadline:
                 raise ClusterTimeoutError(
                     f"{self.name} lost {name} ({cause}) and it was not back within {limit:g} s "
@@ -164,14 +171,34 @@ class Membership:
         return [(self._store.add(rv.key("beat", t.job, t.task), 0), self.incarnation_of(t.job, t.task)) for t in tasks]
 
     def done_tasks(self) -> frozenset:
-        """(job, index) of every task that has said it is done: one store call while no done key has
-        changed since the last read (ending.done_version), else one per task."""
+        """(job, index) of every task that has said it is done (see `_marked`)."""
+        return self._marked()[0]
+
+    def stood_in(self) -> frozenset:
+        """(job, index) of every task another task stands in for (`stand_in`; see `_marked`)."""
+        return self._marked()[1]
+
+    def _marked(self) -> Tuple[frozenset, frozenset]:
+        """The tasks done, and those stood in for: one store call while no done or stand-in key has changed since
+        the last read (ending.done_version counts changes to both), else two per task."""
         version = _ending.done_version(self._store)
-        if version != self._done[0]:
-            rv = self.rendezvous
-            self._done = (version, frozenset((t.job, t.task) for t in self.cluster.tasks()
-                                             if rv.is_marked("done", t.job, t.task)))
-        return self._done[1]
+        if version != self._marks[0]:
+            rv, tasks = self.rendezvous, self.cluster.tasks()
+            self._marks = (version, *(frozenset((t.job, t.task) for t in tasks if rv.is_marked(kind, t.job, t.task))
+                                      for kind in ("done", "stood_in")))
+        return self._marks[1], self._marks[2]
+
+    def stand_in(self, job: str, index: int, by: Optional[str]) -> None:
+        """Say that another task (`by`, its call name) does task (job, index)'s work now, so that nobody waits for that
+        task any more: it may never come back (its host lost for good). None: it is back. A replicated ps task's
+        backup says so when it serves the lost task's part (ps/server/endpoints.py); the task's next incarnation
+        takes it back as it joins."""
+        key = self.rendezvous.key("stood_in", job, index)
+        if by is not None:
+            self._store.set(key, by)
+        elif not self._store.check([key]) or not self._store.delete_key(key):
+            return
+        _ending.count_change(self._store)
 
     def failures_of(self, tasks: Sequence[DeviceSpec]):
         """The final failures among `tasks`; one store call while no task of the cluster has recorded any."""
@@ -216,10 +243,11 @@ class Membership:
         """Raise PeerLostError when another task that has not finished failed, or has stopped beating
         for longer than it could take to come back. Call it repeatedly with the same `seen` dict while
         waiting on other tasks, so that a dead one ends the wait instead of hanging it. Tasks of the
-        jobs in `serving` (a worker waiting on the ps) are watched even once done."""
-        rv, done = self.rendezvous, self.done_tasks()
+        jobs in `serving` (a worker waiting on the ps) are watched even once done; tasks another one stands in
+        for (`stand_in`) are not."""
+        rv, (done, stood_in) = self.rendezvous, self._marked()
         running = [t for t in self.cluster.tasks() if (t.job, t.task) != (rv.job, rv.index) and (
-                   t.job in serving or (t.job, t.task) not in done)]
+                   t.job in serving or (t.job, t.task) not in done) and (t.job, t.task) not in stood_in]
         for failed in self.failures_of(running):
             raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
         self.check_heartbeats(running, seen)

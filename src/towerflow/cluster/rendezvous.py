@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 import time
-from typing import Optional
+from typing import Collection, Optional, Tuple
 
 from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import ending as _ending
@@ -316,9 +316,10 @@ class Rendezvous:
                 return list(tasks[i:])
         return []  # all set between the two reads
 
-    def wait_for_others(self, kind: str, seconds: float) -> None:
-        """Wait (at most `seconds`) until every other task has set its `kind` key."""
-        others = [t for t in self.cluster.tasks() if (t.job, t.task) != (self.job, self.index)]
+    def wait_for_others(self, kind: str, seconds: float, absent: Collection[Tuple[str, int]] = ()) -> None:
+        """Wait (at most `seconds`) until every other task, but those (job, index) `absent`, has set its `kind` key."""
+        others = [t for t in self.cluster.tasks() if (t.job, t.task) != (self.job, self.index)
+                  and (t.job, t.task) not in absent]
         end = time.monotonic() + seconds
         while time.monotonic() < end and others:
             others = self.unmarked(kind, others)

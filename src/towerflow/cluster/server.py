@@ -300,7 +300,11 @@ class Server:
             return
         self._stopped = True
         self.membership.stop()
-        _ending.leave(self.rendezvous, graceful)
+        try:  # tasks another one stands in for (a ps host lost for good) will not leave with the others
+            absent = self.membership.stood_in() if graceful else frozenset()
+        except Exception:  # the store is out of reach: leave() finds so too
+            absent = frozenset()
+        _ending.leave(self.rendezvous, graceful, absent)
 
     def __enter__(self) -> "Server":
         return self.start()

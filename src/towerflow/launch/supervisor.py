@@ -302,9 +302,10 @@ class Supervisor:
         """Every task that trains exited 0 and the ps tasks did not follow: they are waiting for tasks that will
         never join (a script that ended before it built its strategy, as with --help). Nothing is left to serve."""
         waiting = [r for r in self._running if r.proc.poll() is None]
-        self._say(f"every training task exited 0 and {', '.join(r.spec.name for r in waiting)} still waited after "
-                  f"{SERVE_GRACE_S:g} s (for tasks that never joined the cluster: a script that exits before it builds "
-                  "its strategy, such as with --help); stopping it: nothing is left to serve")
+        self._say(f"every training task exited 0 and {', '.join(r.spec.name for r in waiting)} still ran after "
+                  f"{SERVE_GRACE_S:g} s (waiting for tasks that never joined the cluster, as when a script exits "
+                  "before it builds its strategy, such as with --help; or stopped answering and another task stood "
+                  "in for it); stopping it: nothing is left to serve")
         for r in waiting:
             r.stopped = True
         self.stop_all()

@@ -223,6 +223,7 @@ def promote(model: str, primary: int, lost: str) -> bool:
     with _registry_lock:
         _services.setdefault(key, service)
         _opened.add(key)
+    server.membership.stand_in("ps", primary, server.name)  # nobody waits for `lost` now: its host may never return
     print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
           f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
     return True
@@ -235,7 +236,9 @@ def _stop_serving(model: str, primary: int) -> None:
         _opened.discard(key)
         mirror = _mirrors.get((model, primary))
     if served is not None and mirror is not None and mirror.retire():
-        print(f"towerflow: {_server.current().name}: gives /job:ps/task:{primary}'s part of {model!r} back at global "
+        server = _server.current()
+        server.membership.stand_in("ps", primary, None)  # (its new incarnation said so as it joined, unless promoted after)
+        print(f"towerflow: {server.name}: gives /job:ps/task:{primary}'s part of {model!r} back at global "
               f"step {served.coordinator.global_step}", file=sys.stderr, flush=True)
 
 

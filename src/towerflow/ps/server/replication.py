@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from towerflow.errors import ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
 from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, PushOp, ReplicaFrame, ReplicaOp,
                                                SeedOp, ServiceSnapshot, op_nbytes)
 from towerflow.ps.server.replies import Released, complete as _complete
@@ -329,6 +329,8 @@ class Replicator:
                         return
                     except ClusterTimeoutError:
                         back = lost_name
+                    except ClusterLeftError:  # this task is leaving: nothing to seed
+                        return
                     except Exception as e:
                         self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} is not back yet "
                                   f"({type(e).__name__}: {e}); still waiting for it")

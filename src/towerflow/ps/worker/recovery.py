@@ -88,14 +88,16 @@ class Recovery:
 
     def _holds_once_back(self) -> List[bool]:
         """Which ps tasks hold their part, asked of each one's current incarnation: one that is gone (lost with this
-        chief and not back yet) is waited for first, and nothing restored before all are asked."""
+        chief and not back yet) is waited for first, unless its backup serves its part already (then asked there),
+        and nothing restored before all are asked."""
         client = self.client
         while True:
             try:
                 return client.on_all(Endpoints.holds)
             except PSLost as lost:
-                self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
-                client.follow_restarts()
+                if not (("ps", lost.task) in self.server.membership.stood_in() and self._promote(lost)):
+                    self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
+                client.follow_restarts()  # a restarted one is asked next; a part its backup serves, there
 
     def _restore_lost_with_chief(self) -> bool:
         """From their mirrors; False when some empty task's part has no mirror left (its backup was lost too)."""
@@ -206,6 +208,8 @@ class Recovery:
         `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is."""
         server, cause = self.server, str(gone.error)
         if self.client.ps_replicas > 1 and server.max_restarts:
+            if ("ps", gone.task) in server.membership.stood_in() and self._promote(gone):
+                return None  # another worker's wait ended first: its backup serves the part already
             try:
                 return server.wait_for_restart("ps", gone.task, gone.name, cause, server.context.ps_promote_after,
                                                alive_ok=True)
