@@ -162,10 +162,9 @@ class _Client(_RecordingClient):
         return ("push", ch.task)
 
 
-def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(monkeypatch):
+def _promote_answers(monkeypatch, asked):
+    """The backup answers every `promote` with True (it serves the part); the calls are recorded in `asked`."""
     from towerflow.ps.worker import recovery as _recovery
-
-    asked = []
 
     def call_async(to, endpoint, args):
         asked.append((to, endpoint.name, args))
@@ -173,6 +172,11 @@ def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(
         future.set_result(True)
         return future
     monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+
+
+def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(monkeypatch):
+    asked = []
+    _promote_answers(monkeypatch, asked)
     client = _Client()
     recovery = Recovery(client)
     monkeypatch.setattr(recovery, "restore_ps", lambda: pytest.fail("a promoted part was restored"))
@@ -202,16 +206,6 @@ def test_a_backup_that_cannot_stand_for_the_lost_primary_leaves_the_usual_wait(m
 def test_a_mirror_never_seeded_is_never_promoted():
     assert Mirror("model", 0).promote("ps:0") is None
 
-
-def _promote_answers(monkeypatch, asked):
-    from towerflow.ps.worker import recovery as _recovery
-
-    def call_async(to, endpoint, args):
-        asked.append((to, endpoint.name, args))
-        future = torch.futures.Future()
-        future.set_result(True)
-        return future
-    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
 
 
 def test_a_part_its_backup_serves_already_is_called_there_without_the_promotion_wait(monkeypatch):
