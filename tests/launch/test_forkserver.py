@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from towerflow.launch import forkserver
+from towerflow.launch.environment import ENV_FORK_SERVER
 from towerflow.launch.supervisor import Supervisor, TaskProcessSpec
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
@@ -44,7 +45,7 @@ sys.exit(int(code or 0))
 
 @pytest.fixture(autouse=True)
 def _fork_server_on(monkeypatch):
-    monkeypatch.setenv(forkserver.ENV_FORK_SERVER, "1")
+    monkeypatch.setenv(ENV_FORK_SERVER, "1")
 
 
 def _run(tmp_path: Path, tasks, max_restarts: int = 0):
@@ -143,7 +144,7 @@ def test_only_plain_script_and_module_commands_of_this_interpreter_are_forked():
 
 
 def test_the_fork_server_is_off_under_its_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv(forkserver.ENV_FORK_SERVER, "0")
+    monkeypatch.setenv(ENV_FORK_SERVER, "0")
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     code, _, seen = _run(tmp_path, [([str(script)], {}), ([str(script)], {})])

@@ -28,7 +28,6 @@ import time
 from typing import Dict, Optional, Sequence, Tuple
 
 from towerflow.launch import environment as _env
-from towerflow.launch.environment import ENV_FORK_SERVER  # noqa: F401 (the switch, named with the module)
 
 START_TIMEOUT_S = 300.0  # the zygote's first answer waits for its torch import, slow on a loaded machine
 MAX_MESSAGE = 1 << 20

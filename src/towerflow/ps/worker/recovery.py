@@ -95,7 +95,7 @@ class Recovery:
             try:
                 return client.on_all(Endpoints.holds)
             except PSLost as lost:
-                if not (("ps", lost.task) in self.server.membership.stood_in() and self._promote(lost)):
+                if not self._served_by_backup(lost):
                     self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
                 client.follow_restarts()  # a restarted one is asked next; a part its backup serves, there
 
@@ -208,8 +208,8 @@ class Recovery:
         `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is."""
         server, cause = self.server, str(gone.error)
         if self.client.ps_replicas > 1 and server.max_restarts:
-            if ("ps", gone.task) in server.membership.stood_in() and self._promote(gone):
-                return None  # another worker's wait ended first: its backup serves the part already
+            if self._served_by_backup(gone):
+                return None  # another worker's wait ended first
             try:
                 return server.wait_for_restart("ps", gone.task, gone.name, cause, server.context.ps_promote_after,
                                                alive_ok=True)
@@ -217,6 +217,11 @@ class Recovery:
                 if self._promote(gone):
                     return None
         return server.wait_for_restart("ps", gone.task, gone.name, cause, alive_ok=True)
+
+    def _served_by_backup(self, gone: PSLost) -> bool:
+        """Whether the lost task's backup serves its part already (it stands in for the task: membership.stand_in);
+        then this worker calls the part there from now on, without waiting for a restart that may never come."""
+        return ("ps", gone.task) in self.server.membership.stood_in() and self._promote(gone)
 
     def _promote(self, gone: PSLost) -> bool:
         """Ask the lost task's backup to serve its part (`endpoints.promote`) and call it there from now on; False
