@@ -159,7 +159,7 @@ def _write(folder: Path, code: str) -> Path:
 
 
 def test_a_fork_server_that_cannot_fork_answers_every_request_with_why(tmp_path):
-    """The zygote refuses when its imports loaded the CUDA driver (a forked child could not use the GPU)."""
+    """The zygote refuses when its imports started CUDA (a forked child could not use the GPU)."""
     import pickle
     import socket
     import threading
@@ -167,12 +167,12 @@ def test_a_fork_server_that_cannot_fork_answers_every_request_with_why(tmp_path)
     from towerflow.launch import zygote
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    refusing = threading.Thread(target=zygote._refuse, args=(theirs, "loaded the CUDA driver"), daemon=True)
+    refusing = threading.Thread(target=zygote._refuse, args=(theirs, "started CUDA"), daemon=True)
     refusing.start()
     for _ in range(2):
         r, w = os.pipe()
         socket.send_fds(ours, [pickle.dumps(forkserver.ForkRequest(("python", "x.py"), {}, "/"))], [w])
-        assert pickle.loads(ours.recv(forkserver.MAX_MESSAGE)) == forkserver.ForkFailed("loaded the CUDA driver")
+        assert pickle.loads(ours.recv(forkserver.MAX_MESSAGE)) == forkserver.ForkFailed("started CUDA")
         os.close(w)
         assert os.read(r, 1) == b""  # the zygote closed what it was sent: nobody holds the task's pipe
         os.close(r)

@@ -44,14 +44,13 @@ def _preload() -> None:
     import torch.optim  # noqa: F401
 
 
-def _cuda_loaded() -> bool:
-    """Whether the CUDA driver library is in this process: a CUDA call happened, and a forked child could not
-    use the GPU ("initialization error")."""
-    try:
-        with open("/proc/self/maps") as f:
-            return any("libcuda.so" in line for line in f)
-    except OSError:
-        return False
+def _cuda_initialized() -> bool:
+    """Whether torch started CUDA in this process, after which a forked child could not use the GPU
+    ("initialization error"). The driver library being loaded is not enough: CUDA builds of torch load it
+    at import, and a child still initializes CUDA for itself."""
+    import torch
+
+    return torch.cuda.is_initialized()
 
 
 def _refuse(sock: socket.socket, why: str) -> None:
@@ -214,8 +213,8 @@ def _run(argv: Tuple[str, ...]) -> None:
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     _preload()
-    if _cuda_loaded():
-        _refuse(sock, "the fork server's imports loaded the CUDA driver, so its children could not use a GPU")
+    if _cuda_initialized():
+        _refuse(sock, "the fork server's imports started CUDA, so its children could not use a GPU")
         os._exit(0)
     child = _serve(sock)
     if child is None:  # the launcher closed its end: nothing here to flush or finalize
