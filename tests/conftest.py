@@ -55,6 +55,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def cpu_only(monkeypatch):
+    """This process finds only the CPU, as on a machine without a GPU: for tests of CPU behaviour (logical CPU
+    devices, their towers, partial specs that fall back to the CPU) that the suite also runs on GPU machines."""
+    from towerflow.devices import physical
+    monkeypatch.setattr(physical, "discover", lambda: [physical.cpu_device()])
+    monkeypatch.setattr(physical, "gpu_count", lambda: 0)
+    logical._table = None
+    yield
+    logical._table = None
+
+
+@pytest.fixture
 def free_ports():
     """n free loopback ports, held (cluster/ports.py) until the test ends: the test's processes can bind them,
     another test's cluster or an outgoing connection cannot take them in between."""

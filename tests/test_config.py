@@ -89,6 +89,7 @@ def test_logical_gpu_split_of_an_absent_gpu_is_refused_with_the_devices_that_exi
 
 def test_visible_devices_sets_cuda_visible_devices_relative_to_the_launch_value(monkeypatch):
     monkeypatch.setattr(gpu_memory, "_original_env", "4,5,6")
+    monkeypatch.setattr(gpu_memory, "_cuda_started", lambda: False)  # on a GPU machine an earlier test may have
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
     towerflow.configure(visible_devices=[2, 0])
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "6,4"

@@ -24,7 +24,7 @@ def test_gpu_helpers_on_a_cpu_only_machine():
     assert [d.device_type for d in towerflow.list_devices()] == ["CPU"]
 
 
-def test_logical_cpus_are_distinct_placement_targets():
+def test_logical_cpus_are_distinct_placement_targets(cpu_only):
     towerflow.configure(logical_devices={"CPU": 3})
     names = [d.name for d in towerflow.list_devices()]
     assert names == [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(3)]
@@ -83,7 +83,7 @@ def test_cli_devices_prints_tf_device_mapping():
     assert result.stdout.startswith("Device mapping:\n/job:localhost/replica:0/task:0/device:CPU:0 -> device: 0")
 
 
-def test_becoming_a_task_renames_devices_and_replaces_cached_placements(monkeypatch):
+def test_becoming_a_task_renames_devices_and_replaces_cached_placements(monkeypatch, cpu_only):
     monkeypatch.delenv("TOWERFLOW_JOB_NAME", raising=False)
     monkeypatch.delenv("TOWERFLOW_TASK_INDEX", raising=False)
     towerflow.list_devices()  # cache the table as /job:localhost

@@ -55,7 +55,7 @@ def test_in_place_ops_stay_on_the_tensor_they_mutate(fake_gpu):
     assert x.tolist() == [1.0, 1.0, 1.0]
 
 
-def test_nested_scopes_merge_like_tf():
+def test_nested_scopes_merge_like_tf(cpu_only):
     towerflow.configure(logical_devices={"CPU": 2}, log_device_placement="summary")
     with towerflow.device("/job:localhost/task:0"):
         with towerflow.device("/cpu:1"):
@@ -185,7 +185,7 @@ def test_scope_composes_with_torch_device_context():
     assert t.device.type in ("meta", "cpu")
 
 
-def test_default_device_auto_picks_first_gpu_else_cpu():
+def test_default_device_auto_picks_first_gpu_else_cpu(cpu_only):
     towerflow.configure(default_device="auto", logical_devices={"CPU": 2}, log_device_placement="summary")
     torch.ones(1)
     assert towerflow.placement_log().records[0].device.endswith("/device:CPU:0")

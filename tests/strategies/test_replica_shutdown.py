@@ -15,7 +15,7 @@ SCRIPT = os.path.join(REPO, "tests", "strategies", "_shutdown_script.py")
 
 
 def test_no_gloo_thread_outlives_the_strategy_while_the_model_is_held():
-    results = run_replicas([SCRIPT], 2, timeout=90)
+    results = run_replicas([SCRIPT], 2, timeout=90, env={"CUDA_VISIBLE_DEVICES": ""})  # gloo: the CPU group
     for r in results:
         during = re.search(r"during training: (\d+) gloo threads", r.stdout)
         after = re.search(r"after shutdown: (\d+) gloo threads", r.stdout)

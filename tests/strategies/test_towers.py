@@ -244,13 +244,13 @@ def _env(world=1, device=None):
     ("processes", _env(), None, {"CPU": 2}, "processes"),
     ("threads", _env(), _cpus(1), None, "threads"),
 ])
-def test_the_default_rule(towers_opt, env, devices, split, want):
+def test_the_default_rule(towers_opt, env, devices, split, want, cpu_only):
     if split:
         towerflow.configure(logical_devices=split)
     assert towers_mod.towers_mode(towers_opt, env, devices) == want
 
 
-def test_logical_cpu_devices_become_towers_by_default():
+def test_logical_cpu_devices_become_towers_by_default(cpu_only):
     towerflow.configure(logical_devices={"CPU": 3})
     s = towerflow.MirroredStrategy()
     try:
