@@ -74,8 +74,9 @@ def test_an_op_with_no_cuda_kernel_is_refused_and_soft_placement_runs_it_on_the_
     towerflow.configure(allow_soft_placement=True, log_device_placement="summary")
     with towerflow.device("/gpu:0"):
         result = op(*inputs())
+    fallbacks = [r.fallback for r in towerflow.placement_log().records if r.fallback]  # read before more ops log
     assert result.device.type == "cpu" and result.reshape(-1)[0].item() == first
-    assert towerflow.placement_log().records[-1].fallback.startswith("no kernel on /device:GPU:0")
+    assert fallbacks and fallbacks[-1].startswith("no kernel on /device:GPU:0"), fallbacks
 
 
 def test_model_parallel_on_two_logical_gpus_matches_one_gpu():
@@ -160,3 +161,15 @@ def test_hiding_every_gpu_leaves_the_cpu_alone():
         "print(','.join(d.device_type for d in towerflow.list_devices()), towerflow.is_gpu_available())\n"
     )
     assert _fresh_python(code).split() == ["CPU", "False"]
+
+
+def test_a_random_op_with_a_host_generator_runs_on_the_host_under_a_gpu_scope():
+    """A generator pins its op to its device, as an explicit device= does; the log says why."""
+    towerflow.configure(log_device_placement="summary")
+    with towerflow.device("/gpu:0"):
+        drawn = torch.rand(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        made_there = torch.ones(2)
+    reasons = [r.fallback for r in towerflow.placement_log().records if r.fallback]
+    assert drawn.device.type == "cpu" and made_there.is_cuda
+    assert torch.equal(drawn, torch.rand(4, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    assert reasons == ["its generator is on cpu"], reasons

@@ -56,3 +56,19 @@ def test_wrong_combinations_say_what_to_change():
     dense_only = nn.Linear(2, 1)
     with pytest.raises(StrategyError, match="no table with sparse=True"):
         strategy.setup(dense_only, torch.optim.SGD(dense_only.parameters(), lr=0.1), sparse_optimizer=towerflow.ps.SparseSGD(0.1))
+
+
+def test_state_an_optimizer_made_when_built_moves_with_the_model():
+    """Adagrad makes its sums when built, on the parameters' device then; setup's move takes them along
+    (on a GPU the step would otherwise mix devices). Parameters on the meta device with sums on the host
+    stand in for a model moved to a GPU after its optimizer was built."""
+    from towerflow.strategies._optimizer import move_state_to_params
+
+    model = nn.Linear(3, 2, device="meta")
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    for p, state in optimizer.state.items():
+        state["sum"] = torch.full(p.shape, 0.5)
+    move_state_to_params(optimizer)
+    states = [optimizer.state[p] for p in model.parameters()]
+    assert all(s["sum"].device.type == "meta" and s["sum"].shape == p.shape for s, p in zip(states, model.parameters()))
+    assert all(s["step"].device.type == "cpu" for s in states)  # step counters stay where torch keeps them

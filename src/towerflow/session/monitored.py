@@ -187,8 +187,9 @@ class MonitoredTrainingSession:
         position = getattr(self.strategy, "data_position", None)
         if callable(position):
             values.update(position())
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            values.setdefault("device_memory_mib", torch.cuda.memory_allocated() >> 20)
+        device = getattr(self.strategy, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_initialized():
+            values.setdefault("device_memory_mib", torch.cuda.memory_allocated(device) >> 20)
         return values
 
     def __exit__(self, exc_type, exc, tb) -> None:

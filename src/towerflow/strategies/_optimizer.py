@@ -148,3 +148,14 @@ class SyncOptimizer:
 
     def __repr__(self) -> str:
         return f"SyncOptimizer({type(self.optimizer).__name__}, global_step={self.strategy.global_step})"
+
+
+def move_state_to_params(optimizer: torch.optim.Optimizer) -> None:
+    """Put each parameter's optimizer state on that parameter's device, after `model.to(device)`.
+
+    Some optimizers (Adagrad) make their state when built, on the device the parameters had then; the step
+    counters stay where torch keeps them (the CPU, unless the optimizer is capturable)."""
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if key != "step" and isinstance(value, torch.Tensor) and value.device != param.device:
+                state[key] = value.to(param.device)

@@ -28,7 +28,7 @@ from towerflow.data.file_regroup import Resume, StepPositions
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
-from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables
+from towerflow.strategies._optimizer import SyncOptimizer, _HostVariables, move_state_to_params
 
 if TYPE_CHECKING:
     from towerflow.data.file_stream import FileStream
@@ -133,7 +133,7 @@ class Strategy:
         """Move the model to this replica's device, make its updates synchronous, wrap the optimizer.
 
         Build the optimizer over `model.parameters()` before calling; it keeps working after
-        the move. `lr_schedule(global_step) -> lr` is applied before every step;
+        the move (state it made already, as Adagrad's, moves with the parameters). `lr_schedule(global_step) -> lr` is applied before every step;
         `clip_grad_norm` clips the combined gradient (after all-reduce, so every replica agrees).
         Strategies that train embedding tables also take `sparse_optimizer=` (`_local_tables.py`,
         `parameter_server.py`).
@@ -145,6 +145,7 @@ class Strategy:
         wrapped = self._wrap_model(model)
         if optimizer is None:
             return wrapped, None
+        move_state_to_params(optimizer)
         self._optimizer = self._make_optimizer(model, optimizer, lr_schedule, clip_grad_norm)
         return wrapped, self._optimizer
 

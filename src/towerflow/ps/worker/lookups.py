@@ -177,10 +177,17 @@ class TableLookups:
 
     @staticmethod
     def _compute(module: nn.Module, weight: torch.Tensor, local_ids: torch.Tensor, call: _Call) -> torch.Tensor:
+        """The rows are on the model's device; the ids may stay on the host (they travel from there anyway)."""
+        local_ids = local_ids.to(weight.device, non_blocking=True)
         if not _is_bag(module):
             return F.embedding(local_ids, weight)
-        return F.embedding_bag(local_ids, weight, call.offsets, mode=module.mode,
-                               per_sample_weights=call.per_sample_weights,
+        offsets, per_sample_weights = call.offsets, call.per_sample_weights
+        if offsets is not None:
+            offsets = offsets.to(weight.device, non_blocking=True)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.to(weight.device, non_blocking=True)
+        return F.embedding_bag(local_ids, weight, offsets, mode=module.mode,
+                               per_sample_weights=per_sample_weights,
                                include_last_offset=getattr(module, "include_last_offset", False))
 
     # ---- the optimizer's side
