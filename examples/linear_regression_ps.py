@@ -60,6 +60,7 @@ def main(argv=None):
     g = torch.Generator().manual_seed(args.seed)  # the same data on every worker
     x = torch.linspace(-1, 1, 101)
     y = 2 * x + torch.randn(x.shape, generator=g) * 0.4 + 0.2
+    x, y = x.to(strategy.device), y.to(strategy.device)  # the worker's device: a GPU where it has one
 
     model = Line()
     model, optimizer = strategy.setup(model, torch.optim.Adagrad(model.parameters(), lr=args.lr))

@@ -63,7 +63,7 @@ with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, log
         print(f"rank {strategy.replica_id} (restart {restart}) resumed at step {session.restored.step}", flush=True)
     while not session.should_stop():
         g = torch.Generator().manual_seed(1000 * session.global_step + strategy.replica_id)
-        x = torch.randn(16, 8, generator=g, dtype=torch.float64)
+        x = torch.randn(16, 8, generator=g, dtype=torch.float64).to(strategy.device)
         session.run(train_step, x, x.sum(1, keepdim=True).sin())
         local += 1
         if local == 15:
@@ -73,6 +73,6 @@ with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, log
             os.replace(name + ".tmp", name)
         time.sleep(0.02)
 if strategy.is_chief:
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     print(f"final: sha256 {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}", flush=True)
 strategy.shutdown()

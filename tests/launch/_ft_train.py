@@ -99,6 +99,7 @@ class Line(nn.Module):
 strategy = towerflow.ParameterServerStrategy(server=server)
 x = torch.linspace(-1, 1, 101)
 y = 2 * x + torch.randn(x.shape, generator=torch.Generator().manual_seed(4)) * 0.4 + 0.2
+x, y = x.to(strategy.device), y.to(strategy.device)
 model = Line()
 model, optimizer = strategy.setup(model, torch.optim.Adagrad(model.parameters(), lr=0.5))
 order = torch.Generator().manual_seed(10 + strategy.replica_id + 100 * server.incarnation)

@@ -35,7 +35,7 @@ if '"ps"' not in os.environ["TF_CONFIG"]:  # all-reduce replicas: a gloo process
     for step in range(10**9):
         if who == me and step >= fail_at:
             fail(step)
-        x = torch.randn(8, 4, generator=g)
+        x = torch.randn(8, 4, generator=g).to(strategy.device)
         optimizer.zero_grad()
         ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
         optimizer.step()
@@ -59,7 +59,7 @@ g = torch.Generator().manual_seed(strategy.replica_id)
 while True:
     if who == me and strategy.global_step >= fail_at:
         fail(strategy.global_step)
-    x = torch.randn(8, 4, generator=g)
+    x = torch.randn(8, 4, generator=g).to(strategy.device)
     optimizer.zero_grad()
     ((model(x) - x.sum(1, keepdim=True)) ** 2).mean().backward()
     optimizer.step()

@@ -47,7 +47,7 @@ def train(strategy, model, optimizer, stop, delay=0.0):
     steps = 0
     start = time.perf_counter()
     while not stop(strategy, steps):
-        x, y = batch(steps, strategy.replica_id, strategy.num_replicas_in_sync)
+        x, y = (t.to(strategy.device) for t in batch(steps, strategy.replica_id, strategy.num_replicas_in_sync))
         optimizer.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         if delay:

@@ -19,6 +19,8 @@ def setup(strategy, data: str):
 def train_logged(session, model, optimizer, batch, log) -> None:
     """Train one step on `batch` in `session`, then append its record ids to `log`."""
     dense, cats, labels = batch
+    device = next(model.parameters()).device  # the stream's batches stay on the host
+    dense, labels = dense.to(device), labels.to(device)
 
     def step():
         optimizer.zero_grad()

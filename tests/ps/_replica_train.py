@@ -163,6 +163,7 @@ def step(i: int) -> float:
         x = torch.randint(0, 64, (8, 3), generator=data)
         y = (x % 7).float().mean(1, keepdim=True)
         x = x * 10**9 + 7 if model_kind == "hash" else x  # hash ids far outside any fixed range
+    x, y = (x if model_kind != "dense" else x.to(strategy.device)), y.to(strategy.device)  # table ids: any device
     optimizer.zero_grad()
     loss = ((model(x) - y) ** 2).mean()
     loss.backward()

@@ -72,7 +72,7 @@ def train_tiny(strategy, model, optimizer, looked_up):
         users, items, offsets, target = batch(step, strategy.replica_id)
         looked_up.append({"user": torch.unique(users).numel(), "items": torch.unique(items).numel()})
         optimizer.zero_grad()
-        nn.functional.mse_loss(model(users, items, offsets), target).backward()
+        nn.functional.mse_loss(model(users, items, offsets), target.to(strategy.device)).backward()  # ids: any device
         optimizer.step()
 
 

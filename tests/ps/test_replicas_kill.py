@@ -34,7 +34,7 @@ def _launch(flags, folder, steps, model, kills) -> str:
 
 
 def _final(folder) -> dict:
-    return torch.load(os.path.join(folder, "final.pt"), weights_only=False)
+    return torch.load(os.path.join(folder, "final.pt"), weights_only=False, map_location="cpu")
 
 
 def _assert_equal(a, b, where: str) -> None:

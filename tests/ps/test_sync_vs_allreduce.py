@@ -27,7 +27,7 @@ def test_sync_with_every_replica_ends_with_the_all_reduce_strategy_parameters(la
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", SCRIPT, "--out", str(tmp_path),
                           env={"OMP_NUM_THREADS": "1", "TOWERFLOW_PS_LINK": link}, label="launch")
     assert run.wait(90) == 0, launcher.describe()
-    got = torch.load(tmp_path / "params.pt")
+    got = torch.load(tmp_path / "params.pt", map_location="cpu")
     assert got["replicas"] == [2, 2] and got["ps_global_step"] == script.STEPS
     assert got["ps_links"] == {"/job:ps/task:0": link}
     ps, allreduce = got["ps_sync"], got["allreduce"]

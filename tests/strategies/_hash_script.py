@@ -29,7 +29,7 @@ def main():
     for step in range(120):
         g = torch.Generator().manual_seed(step)
         ids = 10 ** 12 + torch.randint(0, 50, (64, 3), generator=g)
-        labels = (ids % 2 == 0).sum(1).clamp(max=1)
+        labels = (ids % 2 == 0).sum(1).clamp(max=1).to(strategy.device)  # the ids may stay on the host
         opt.zero_grad()
         loss = F.cross_entropy(model(ids), labels)
         strategy.backward(loss)
