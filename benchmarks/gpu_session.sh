@@ -9,14 +9,18 @@
 #   bash benchmarks/gpu_session.sh all      # the three in turn (over 10 minutes: not for one device command)
 #   bash benchmarks/gpu_session.sh short    # the three in one 10-minute command: each part and command bounded,
 #                                           # the suite without the real schedulers (no package registry there)
+#   bash benchmarks/gpu_session.sh check    # one 10-minute command: the gpu tests beside the rest of the suite
+#                                           # (16 cores hold both), then smi and the sparse ps, GPU against CPU
 #
+# Every failure's report is written to $OUT/failures-PID.log as it happens (benchmarks/_failures_now.py), so a
+# part cut short by its bound still says why each test it ran failed.
 # The MNIST tests and the ps run need the digits at ../shared/data/mnist-t10k; MNIST_DIR=DIR points
 # elsewhere and is copied there (the device tool carries an ignored folder of the checkout, not ../shared).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps a carried site folder
+export PYTHONPATH=$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps a carried site folder
 PY=${PY:-python3}
 if [ -n "${MNIST_DIR:-}" ] && [ ! -d ../shared/data/mnist-t10k ]; then
     mkdir -p ../shared/data && cp -r "$MNIST_DIR" ../shared/data/mnist-t10k
@@ -29,18 +33,19 @@ environment() {
 }
 
 tests() {
-    $PY -m pytest -m gpu -v -rfEs -p no:cacheprovider --timeout 120 --durations=0 tests 2>&1 | tee "$OUT/gpu_tests.log"
+    $PY -m pytest -m gpu -v -rfEs -p no:cacheprovider -p _failures_now --timeout 120 --durations=0 tests 2>&1 | tee "$OUT/gpu_tests.log"
 }
 
 # verbose into the log, so a run cut short still names every test that failed; the summary on the terminal
 suite() {
-    $PY -m pytest -v -rfE -p no:cacheprovider -p no:benchmark --timeout 100 -n 8 --dist loadgroup --durations=20 \
+    $PY -m pytest -v -rfE -p no:cacheprovider -p no:benchmark -p _failures_now --timeout 100 -n 8 --dist loadgroup --durations=20 \
         "$@" tests > "$OUT/suite.log" 2>&1
     grep -E "FAILED|ERROR|passed|failed" "$OUT/suite.log" | tail -60
 }
 
 # every command of `bench` under a bound of its own in `short`, so one that hangs costs only its share
 T=${T:-}
+HUNG=strategies/test_gpu.py::test_training_copies_show_in_the_placement_log
 
 bench() {
     {
@@ -79,5 +84,22 @@ case "${1:-all}" in
         T="timeout 60" bench
         timeout "${SUITE_SECONDS:-200}" bash -c "$(declare -f suite); PY=$PY OUT=$OUT suite --ignore=tests/schedulers -n 14"
         grep -E "FAILED|ERROR" "$OUT/suite.log" | head -60 ;;
-    *) echo "usage: $0 tests|suite|bench|all|short" >&2; exit 2 ;;
+    check)
+        # the placement log of a training step hung its process twice on the H200: alone, with every thread's stack
+        # dumped when its bound runs out, so the log says where
+        timeout 80 $PY -m pytest -p no:cacheprovider -p no:xdist -s --timeout 60 "tests/$HUNG" > "$OUT/hung_test.log" 2>&1 &
+        timeout "${GPU_SECONDS:-300}" $PY -m pytest -m gpu -v -rfEs -p no:cacheprovider -p no:benchmark -p _failures_now --timeout 120 \
+            -n 3 --dist loadfile --durations=0 --deselect "tests/$HUNG" tests > "$OUT/gpu_tests.log" 2>&1 &
+        timeout "${SUITE_SECONDS:-380}" bash -c "$(declare -f suite); PY=$PY OUT=$OUT suite -m 'not gpu' --ignore=tests/schedulers -n 12"
+        wait
+        grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests.log" | tail -40
+        grep -E "FAILED|ERROR" "$OUT/suite.log" | head -60
+        {
+            echo "== towerflow smi against nvidia-smi"
+            timeout 45 $PY benchmarks/gpu_smi.py --json "$OUT/gpu_smi.json"
+            echo "== ps with sparse tables, 600 steps: GPU workers, then CPU workers"
+            timeout 45 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600
+            CUDA_VISIBLE_DEVICES= timeout 45 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600
+        } 2>&1 | tee "$OUT/bench.log" ;;
+    *) echo "usage: $0 tests|suite|bench|all|short|check" >&2; exit 2 ;;
 esac
