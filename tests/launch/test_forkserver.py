@@ -20,7 +20,8 @@ import pytest
 
 from towerflow.launch import forkserver
 from towerflow.launch.environment import ENV_FORK_SERVER
-from towerflow.launch.supervisor import Supervisor, TaskProcessSpec
+from towerflow.launch.supervisor import Supervisor
+from towerflow.launch.task_process import TaskProcessSpec
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
@@ -189,12 +190,12 @@ def test_tasks_start_fresh_with_one_line_said_when_the_fork_server_fails(tmp_pat
             self.gone = "the fork server refused"
             raise OSError(self.gone)
 
-    from towerflow.launch import supervisor
+    from towerflow.launch import task_process
 
     err = io.StringIO()
     script = _write(tmp_path, "import os; print(os.getppid())")
     refusing = Refusing()
-    procs = [supervisor._spawn([sys.executable, str(script)], dict(os.environ), refusing, err) for _ in range(2)]
+    procs = [task_process.spawn([sys.executable, str(script)], dict(os.environ), refusing, err) for _ in range(2)]
     assert [p.wait(60) for p in procs] == [0, 0]
     assert [int(p.stdout.read()) for p in procs] == [os.getpid(), os.getpid()]  # fresh interpreters, our children
     assert err.getvalue().count("the fork server refused; starting the tasks as fresh interpreters instead") == 1

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from towerflow.launch import supervisor
-from towerflow.launch.supervisor import Supervisor, TaskProcessSpec
+from towerflow.launch.supervisor import Supervisor
+from towerflow.launch.task_process import TaskProcessSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,11 +26,11 @@ SERVES_FOREVER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"
 ENDS_AFTER = [sys.executable, "-c", "import time; time.sleep(1.0)"]
 
 
-def _run(tasks, grace=0.5):
+def _run(tasks, grace=0.5, **options):
     out, err = io.StringIO(), io.StringIO()
     before, supervisor.SERVE_GRACE_S = supervisor.SERVE_GRACE_S, grace
     try:
-        sup = Supervisor(tasks, out=out, err=err)
+        sup = Supervisor(tasks, out=out, err=err, **options)
         started = time.monotonic()
         code = sup.run()
         return code, time.monotonic() - started, out.getvalue(), err.getvalue(), sup
@@ -74,3 +75,36 @@ def test_a_task_that_crashes_in_native_code_shows_where_its_python_was():
     assert code == 128 + 6, err
     assert "Fatal Python error: Aborted" in err and "load_the_batch" in err, err
     assert "/job:worker/task:0" in err and "killed by signal 6" in err, err
+
+
+DIES = [sys.executable, "-c", "import sys; sys.exit(3)"]
+
+
+@pytest.mark.parametrize("ps_replicas", [1, 2])
+def test_a_ps_task_out_of_restarts_ends_the_job_unless_its_part_has_a_backup(ps_replicas):
+    """--ps-replicas 2: its backup serves its part (the workers promote it), so the launcher leaves it lost and
+    the job goes on to the workers' own end; without a backup the job ends there, naming it."""
+    code, took, _, err, sup = _run([
+        TaskProcessSpec("worker", 0, ENDS_AFTER, {}),
+        TaskProcessSpec("ps", 0, DIES, {}, serves_only=True),
+        TaskProcessSpec("ps", 1, SERVES_FOREVER, {}, serves_only=True),
+    ], ps_replicas=ps_replicas)
+    if ps_replicas == 1:
+        assert code == 3 and "/job:ps/task:0" in err and "failed first" in err, err
+        assert took < 1.0 + supervisor.STOP_GRACE_S  # the worker did not get to its end
+    else:
+        assert code == 0, err
+        assert "/job:ps/task:0 (pid" in err and "exited with code 3, with no restarts left (0); leaving it lost" in err
+        assert "/job:ps/task:0 had no restarts left and was left lost: its backup served its part" in err, err
+    assert all(r.proc.poll() is not None for r in sup._running)
+
+
+def test_a_second_ps_task_out_of_restarts_ends_the_job_even_with_backups():
+    """Two ps tasks gone for good may be each other's backup: the launcher does not guess, the job ends."""
+    code, _, _, err, _ = _run([
+        TaskProcessSpec("worker", 0, SERVES_FOREVER, {}),
+        TaskProcessSpec("ps", 0, DIES, {}, serves_only=True),
+        TaskProcessSpec("ps", 1, [sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(4)"], {},
+                        serves_only=True),
+    ], ps_replicas=2)
+    assert code == 4 and "leaving it lost" in err and "/job:ps/task:1" in err, err

@@ -125,7 +125,8 @@ def _supervise(tasks):
     import io
     import sys
 
-    from towerflow.launch.supervisor import Supervisor, TaskProcessSpec
+    from towerflow.launch.supervisor import Supervisor
+    from towerflow.launch.task_process import TaskProcessSpec
 
     out, err = io.StringIO(), io.StringIO()
     specs = [TaskProcessSpec("worker", i, [sys.executable, "-c", code], {}) for i, code in enumerate(tasks)]

@@ -20,7 +20,7 @@ from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import DeviceSpecError, LaunchError
 from towerflow.launch import environment as _env
-from towerflow.launch.supervisor import TaskProcessSpec
+from towerflow.launch.task_process import TaskProcessSpec
 
 MASTER_PORT_OFFSET = 10000  # multi-host: the replicas' process group meets at the first replica's port + this
 PS_SERVE_MODULE = "towerflow.ps.serve"  # named, not imported: the launcher sits below `ps`

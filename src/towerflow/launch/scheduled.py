@@ -19,7 +19,7 @@ from towerflow.cluster.schedulers import Resolved, Roles
 from towerflow.cluster.spec import ClusterSpec
 from towerflow.launch import environment as _env
 from towerflow.launch.local import LaunchPlan, argv_of, interface_environment, replica_master
-from towerflow.launch.supervisor import TaskProcessSpec
+from towerflow.launch.task_process import TaskProcessSpec
 
 # What the launcher inherits from a scheduler but its task must not: the scheduler's own ranks (a ps task
 # is in no process group) and the role settings, which the task's TF_CONFIG now answers.

@@ -9,8 +9,6 @@ what the launcher says when the run fails.
 
 from __future__ import annotations
 
-import collections
-import ctypes
 import dataclasses
 import os
 import shutil
@@ -21,122 +19,20 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, List, Optional, Sequence, TextIO
 
 from towerflow.launch import environment as _env
 from towerflow.launch import forkserver as _forks
 from towerflow.launch import runlog as _runlog
 from towerflow.launch import verdict as _verdict
+from towerflow.launch.task_process import TaskProcess, TaskProcessSpec, child_setup
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 # "task": restart the task that died (parameter servers: the others go on without it);
 # "group": restart every task (all-reduce replicas cannot go on without one of theirs)
 RESTART_SCOPES = ("task", "group")
 EXITING_GRACE_S = 3.0  # how long a task that reported its own failure gets to exit by itself (_fail)
-_HOLD_S = 3.0  # how long a transport warning waits for a failure to become known before it is printed
 SERVE_GRACE_S = 5.0  # how long tasks that only serve others may outlive every task they serve (_served)
-
-try:
-    _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-except OSError:  # pragma: no cover
-    _libc = None
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if _libc is not None:
-        _libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclasses.dataclass
-class TaskProcessSpec:
-    """What to run for one task and the variables it gets on top of the launcher's environment."""
-
-    job: str
-    index: int
-    argv: List[str]
-    env: Dict[str, str]
-    unset: Tuple[str, ...] = ()  # variables of the launcher's environment this task must not inherit
-    serves_only: bool = False  # it only serves the other tasks (a ps running the launcher's ps program)
-
-    @property
-    def label(self) -> str:
-        return f"{self.job}:{self.index}"
-
-    @property
-    def name(self) -> str:
-        return f"/job:{self.job}/task:{self.index}"
-
-
-class _Running:
-    def __init__(self, spec: TaskProcessSpec, restarts: int, out: TextIO, err: TextIO, lock: threading.Lock,
-                 max_restarts: int = 0, reports: str = "", failing: Callable[[], bool] = lambda: False,
-                 forks: Optional[_forks.ForkServer] = None):
-        self.report_path = os.path.join(reports, f"{spec.job}.{spec.index}.{restarts}.json")
-        # every task learns how many restarts are allowed: peers of a silent task wait that long for it
-        env = {**_env.inherited(spec.unset), **spec.env, "PYTHONUNBUFFERED": "1", _env.ENV_MAX_RESTARTS: str(max_restarts),
-               _env.ENV_ERROR_FILE: self.report_path}
-        # a task that crashes in native code (a segfault, an abort) prints its Python threads' stacks first
-        env.setdefault("PYTHONFAULTHANDLER", "1")
-        self.spec = spec
-        self.restarts = restarts
-        self.stopped = False  # the launcher stopped it
-        self.logged = False  # its exit is in the run log (runlog.py)
-        self.held: Deque[tuple] = collections.deque()  # (when, line): transport warnings not printed yet
-        self.dropped = 0
-        self._failing = failing
-        self._lock = lock
-        self._sink = err
-        self.proc = _spawn(spec.argv, env, forks, err)
-        self.threads = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, out, lock, False), daemon=True),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, err, lock, True), daemon=True),
-        ]
-        for t in self.threads:
-            t.start()
-
-    def _pump(self, stream, sink: TextIO, lock: threading.Lock, is_stderr: bool) -> None:
-        in_noise = False  # the lines after a transport warning: the C++ stack printed with it
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            with lock:
-                in_noise = is_stderr and (_verdict.is_transport_noise(line) or (in_noise and _verdict.continues_noise(line)))
-                if in_noise:
-                    self.held.append((time.monotonic(), line))
-                else:
-                    self._write(sink, line)
-        stream.close()
-
-    def _write(self, sink: TextIO, line: str) -> None:  # under the lock
-        try:
-            sink.write(f"[{self.spec.label}] {line}\n")
-            sink.flush()
-        except (OSError, ValueError):  # our own output is gone (a closed pipe): keep draining the task's
-            pass
-
-    def release_held(self, everything: bool = False) -> None:
-        """Transport warnings held for _HOLD_S (or all, at the end): dropped once a task has failed
-        (they are that failure's connections closing), printed otherwise."""
-        with self._lock:
-            while self.held and (everything or time.monotonic() - self.held[0][0] >= _HOLD_S):
-                line = self.held.popleft()[1]
-                if self._failing():
-                    self.dropped += 1
-                else:
-                    self._write(self._sink, line)
-
-    def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def finish_output(self, timeout: float = 2.0) -> None:
-        for t in self.threads:
-            t.join(timeout)
-        self.release_held(everything=True)
-
-    def end(self) -> _verdict.TaskEnd:
-        return _verdict.TaskEnd(self.spec.name, self.proc.pid, self.proc.poll(), self.stopped, self.report_path)
 
 
 class Supervisor:
@@ -149,17 +45,19 @@ class Supervisor:
         out: Optional[TextIO] = None,
         err: Optional[TextIO] = None,
         restart_scope: str = "task",
+        ps_replicas: int = 1,
     ):
         if restart_scope not in RESTART_SCOPES:
             raise ValueError(f"restart_scope={restart_scope!r}: expected one of {RESTART_SCOPES}")
         self.tasks = list(tasks)
         self.max_restarts = max_restarts
         self.restart_scope = restart_scope
+        self.ps_replicas = ps_replicas  # >= 2: a ps task out of restarts leaves its part to its backup (_lose)
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.failure: Optional[_verdict.Verdict] = None
         self._lock = threading.Lock()
-        self._running: List[_Running] = []
+        self._running: List[TaskProcess] = []
         self._reports = ""  # a folder for the tasks' failure reports, for the length of run()
         self._failed = False  # a task process failed (it may have been restarted since)
         self._log = _runlog.RunLog.for_tasks([t.env for t in self.tasks])  # the run's state for `towerflow top`
@@ -228,7 +126,7 @@ class Supervisor:
         if not (pays and _env.fork_server_wanted() and any(_forks.forkable(t.argv) for t in self.tasks)):
             return None
         try:
-            return _forks.ForkServer(_die_with_parent if _libc is not None else None)
+            return _forks.ForkServer(child_setup())
         except OSError as e:
             self._say(f"no fork server ({e}); every task starts as a fresh interpreter")
             return None
@@ -239,14 +137,14 @@ class Supervisor:
             if r.proc.poll() is None and _catches(r.proc.pid, signum):
                 r.proc.send_signal(signum)
 
-    def _log_exits(self, only: Sequence[_Running] = ()) -> None:
+    def _log_exits(self, only: Sequence[TaskProcess] = ()) -> None:
         for r in only or self._running:
             if not r.logged:
                 r.logged = True
                 self._log.task_exit(_runlog.task_name(r.spec.job, r.spec.index), r.proc.poll(), r.restarts, r.stopped)
 
-    def _start(self, spec: TaskProcessSpec, restarts: int) -> _Running:
-        return _Running(spec, restarts, self.out, self.err, self._lock, self.max_restarts, self._reports, self._failing,
+    def _start(self, spec: TaskProcessSpec, restarts: int) -> TaskProcess:
+        return TaskProcess(spec, restarts, self.out, self.err, self._lock, self.max_restarts, self._reports, self._failing,
                         self._forks)
 
     def _failing(self) -> bool:
@@ -262,11 +160,11 @@ class Supervisor:
         while True:
             for r in self._running:
                 r.release_held()
-            codes = [r.proc.poll() for r in self._running]
+            codes = [0 if r.lost else r.proc.poll() for r in self._running]
             if all(c == 0 for c in codes):
                 for r in self._running:
                     r.finish_output()
-                return 0
+                return self._succeeded()
             if not self._served(codes):
                 served_at = None
             elif served_at is None:
@@ -281,9 +179,12 @@ class Supervisor:
                 self._failed = True
                 self._log_exits([r])
                 r.finish_output()
-                if r.restarts >= self.max_restarts:
-                    return self._fail(r)
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                if r.restarts >= self.max_restarts:
+                    if not self._backed_up(r):
+                        return self._fail(r)
+                    self._lose(r, how)
+                    continue
                 if self.restart_scope == "group":
                     self._restart_all(r, how)
                     break
@@ -291,6 +192,20 @@ class Supervisor:
                 self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
                           f"{self.max_restarts}) as pid {self._running[i].proc.pid}{_verdict.restart_note(r.report_path)}")
             time.sleep(0.05)
+
+    def _backed_up(self, r: TaskProcess) -> bool:
+        """Whether a lost task's part lives on elsewhere: a ps task with a backup (--ps-replicas 2), while at
+        most one ps task is lost for good (two could be each other's backup)."""
+        lost_ps = sum(o.lost for o in self._running if o.spec.job == "ps")
+        return r.spec.job == "ps" and self.ps_replicas >= 2 and lost_ps == 0
+
+    def _lose(self, r: TaskProcess, how: str) -> None:
+        """A ps task out of restarts whose backup holds its part: not restarted, and the job goes on (the
+        workers promote the backup once the task's restart wait runs out)."""
+        r.lost = True
+        self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}, with no restarts left ({self.max_restarts}); leaving it "
+                  "lost: its backup takes its part over once the workers stop waiting for it (--ps-replicas "
+                  f"{self.ps_replicas}){_verdict.restart_note(r.report_path)}")
 
     def _served(self, codes: Sequence[Optional[int]]) -> bool:
         """Whether every task that trains has exited 0 while some that only serve them still run."""
@@ -309,9 +224,17 @@ class Supervisor:
         for r in waiting:
             r.stopped = True
         self.stop_all()
+        return self._succeeded()
+
+    def _succeeded(self) -> int:
+        """Exit code 0; a ps task left lost on the way is said once more, as the run's last word."""
+        lost = [r.spec.name for r in self._running if r.lost]
+        if lost:
+            self._say(f"every task that trains exited 0; {', '.join(lost)} had no restarts left and was left lost: "
+                      f"its backup served its part (--ps-replicas {self.ps_replicas})")
         return 0
 
-    def _fail(self, r: _Running) -> int:
+    def _fail(self, r: TaskProcess) -> int:
         """No restarts left: stop the others, say who failed first (verdict.py), return the exit code."""
         # A task that has written its failure report is on its way out: it gets EXITING_GRACE_S to
         # exit with its own code before it is stopped (else its own failure reads as a stop).
@@ -334,13 +257,13 @@ class Supervisor:
             self.err.flush()
         return self.failure.exit_code
 
-    def _restart(self, r: _Running, count: Optional[int] = None) -> _Running:
+    def _restart(self, r: TaskProcess, count: Optional[int] = None) -> TaskProcess:
         """Start task r again as its restart number `count` (default: its own next one)."""
         count = r.restarts + 1 if count is None else count
         env = {**r.spec.env, _env.ENV_RESTART_COUNT: str(count), _env.ENV_RESTARTED_AT: repr(time.time())}
         return self._start(dataclasses.replace(r.spec, env=env), count)
 
-    def _restart_all(self, failed: _Running, how: str) -> None:
+    def _restart_all(self, failed: TaskProcess, how: str) -> None:
         """Stop every task and start them all again (each resumes from the newest checkpoint)."""
         count = failed.restarts + 1
         self._say(f"{failed.spec.name} (pid {failed.proc.pid}) {how}; restarting all {len(self._running)} tasks "
@@ -370,18 +293,6 @@ class Supervisor:
             except subprocess.TimeoutExpired:  # pragma: no cover
                 pass
             r.finish_output(0.5)
-
-
-def _spawn(argv: List[str], env: Dict[str, str], forks: Optional[_forks.ForkServer], err: TextIO):
-    """The task's process: forked from the launch's fork server when it has one and `argv` runs on this
-    interpreter, else a fresh interpreter (also when the fork server fails, which is said)."""
-    if forks is not None and forks.gone is None and _forks.forkable(argv):
-        try:
-            return forks.spawn(argv, env)
-        except OSError as e:
-            err.write(f"{_verdict.PREFIX}{e}; starting the tasks as fresh interpreters instead\n")
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_die_with_parent if _libc is not None else None)
 
 
 def _catches(pid: int, signum: int) -> bool:
