@@ -137,3 +137,18 @@ def test_a_task_another_one_stands_in_for_is_not_waited_for_and_costs_no_store_c
     seen["/job:ps/task:0"] = ((1, 0), time.monotonic() - 600)  # as last seen before the restart
     s.check_peers(seen, serving=("ps",))  # a new incarnation: alive again, watched again
     assert seen["/job:ps/task:0"][0] == (2, 1)
+
+
+def test_a_task_that_beats_on_is_told_from_one_that_is_gone(monkeypatch):
+    """A lost ps task the launcher will not restart is promoted away only once it is gone: its beats stopped for the
+    whole wait (a dead process beats at most once more), while one that beats on lives and is not replaced."""
+    s = _cluster(4, monkeypatch)
+    store = s.rendezvous.store
+    beats = iter([0, 1])  # as the wait begins: none; then one late beat, then silence
+    real_add = store.add
+    monkeypatch.setattr(store, "add", lambda key, n: real_add(key, next(beats, 0) if key == "beat/ps/0" else n))
+    started = time.monotonic()
+    assert not s.membership.beats_on("ps", 0, 0.5)
+    assert time.monotonic() - started >= 0.5
+    monkeypatch.setattr(store, "add", lambda key, n: real_add(key, 1 if key == "beat/ps/0" else n))  # beating on
+    assert s.membership.beats_on("ps", 0, 30.0)

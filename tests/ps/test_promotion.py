@@ -122,11 +122,15 @@ class _Channel:
 
 
 class _Server:
-    """ps task 0 is lost and its launcher does not bring it back within the promotion wait."""
+    """ps task 0 is lost and its launcher does not bring it back within the promotion wait; with `restarts_used`
+    at `max_restarts` it will not bring it back at all, and `beating` says whether the task lives on."""
 
-    def __init__(self, stood_in=()):
-        self.name, self.max_restarts, self.heartbeat_timeout, self.incarnation = "/job:worker/task:0", 3, 15.0, 0
-        self.membership = types.SimpleNamespace(join_timeout=60.0, stood_in=lambda: frozenset(stood_in))
+    def __init__(self, stood_in=(), max_restarts=3, restarts_used=0, beating=False):
+        self.name, self.max_restarts, self.heartbeat_timeout, self.incarnation = "/job:worker/task:0", max_restarts, 15.0, 0
+        self.beats_watched = []
+        self.membership = types.SimpleNamespace(
+            join_timeout=60.0, stood_in=lambda: frozenset(stood_in), incarnation_of=lambda job, task: restarts_used,
+            beats_on=lambda job, task, within: self.beats_watched.append((task, within)) or beating)
         self.context = types.SimpleNamespace(ps_promote_after=5.0)
         self.waited = []
 
@@ -144,9 +148,9 @@ class _Server:
 class _Client(_RecordingClient):
     """test_send_again's recording client, with two replicated ps tasks, the first one lost."""
 
-    def __init__(self, stood_in=()):
+    def __init__(self, stood_in=(), **server):
         super().__init__([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
-        self.server, self.ps_replicas, self.pushes = _Server(stood_in), 2, 10
+        self.server, self.ps_replicas, self.pushes = _Server(stood_in, **server), 2, 10
         self.is_chief, self.global_step, self.model_name = True, 20, "model"
         self.layout = types.SimpleNamespace(num_ps=2)
 
@@ -187,6 +191,32 @@ def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(
     assert client.pushed_again == [(0, "ps:1", 10)]  # the push the backup lacked, sent to it
     (record,) = recovery.recoveries
     assert record["promoted"] == [0] and record["steps_lost"] == 0 and not record["reconnected"]
+
+
+@pytest.mark.parametrize("max_restarts, restarts_used", [(0, 0), (3, 3)])
+def test_a_lost_ps_the_launcher_will_not_restart_is_served_by_its_backup_once_its_heartbeats_stop(
+        monkeypatch, max_restarts, restarts_used):
+    """No restarts left: no restart wait; once the task has not beaten for the promotion wait, its backup serves."""
+    asked = []
+    _promote_answers(monkeypatch, asked)
+    client = _Client(max_restarts=max_restarts, restarts_used=restarts_used)
+    recovery = Recovery(client)
+    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    assert client.server.beats_watched == [(0, 5.0)] and client.server.waited == []
+    assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))]
+    (record,) = recovery.recoveries
+    assert record["promoted"] == [0] and record["steps_lost"] == 0
+
+
+def test_a_lost_ps_out_of_restarts_that_beats_on_is_not_promoted(monkeypatch):
+    """Its process lives (only a connection was lost): no promotion beside a primary that may still serve others;
+    the usual wait decides (here: the launcher will not restart it, so the job ends naming it)."""
+    asked = []
+    _promote_answers(monkeypatch, asked)
+    client = _Client(max_restarts=0, beating=True)
+    with pytest.raises(ClusterTimeoutError):
+        Recovery(client).recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    assert asked == [] and client.server.waited == [(0, None)]
 
 
 def test_a_backup_that_cannot_stand_for_the_lost_primary_leaves_the_usual_wait(monkeypatch):

@@ -186,3 +186,25 @@ def test_a_ps_task_that_stops_answering_is_replaced_by_its_backup_and_nothing_is
     assert back["from_mirrors"] and back["steps_lost"] == 0, output
     assert "promoted its mirror of /job:ps/task:1's part" in output and "its part is served by its backup" in output
     assert "gives /job:ps/task:1's part of 'model' back" in output, output
+
+
+def test_a_ps_task_with_no_restarts_left_is_left_to_its_backup_and_the_job_ends_well(tmp_path, monkeypatch):
+    """`--max-restarts 0`: the launcher leaves killed ps task 1 lost instead of ending the job; the workers, seeing
+    that it will not be restarted, promote its backup once its heartbeats have stopped for the promotion wait, and
+    the job exits 0 equal, update for update, to one left alone."""
+    monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
+    flags = ["--ps", "2", "--workers", "2", "--mode", "sync"]
+    os.makedirs(tmp_path / "killed")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        alone = pool.submit(_launch, flags, tmp_path / "alone", 30, "sparse", "none")
+        output = launch([*flags, "--ps-replicas", "2", "--max-restarts", "0", HELPER, str(tmp_path / "killed"), "30",
+                         "sparse", "10:1"], TIMEOUT)
+        alone.result()
+    killed, alone = _final(tmp_path / "killed"), _final(tmp_path / "alone")
+    assert killed["global_step"] == alone["global_step"] == 30, output
+    _assert_equal(killed["variables"], alone["variables"], "variables")
+    _assert_equal(killed["tables"], alone["tables"], "tables")
+    assert "restarting it" not in output and "leaving it lost" in output, output
+    assert "/job:ps/task:1 had no restarts left and was left lost: its backup served its part" in output, output
+    (record,) = killed["recoveries"]
+    assert record["promoted"] == [1] and record["steps_lost"] == 0, output

@@ -136,6 +136,17 @@ class Membership:
                 )
             time.sleep(POLL)
 
+    def beats_on(self, job: str, index: int, within: float) -> bool:
+        """Whether task (job, index) beats on (ALIVE_BEATS beats within `within` seconds): it lives, only a
+        connection to it was lost. False once `within` has passed without them: it is gone (a dead process
+        beats at most once more)."""
+        first, deadline = self._beats(job, index), time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self._beats(job, index) - first >= ALIVE_BEATS:
+                return True
+            time.sleep(POLL)
+        return False
+
     def _beats(self, job: str, index: int) -> int:
         return self._store.add(self.rendezvous.key("beat", job, index), 0)
 

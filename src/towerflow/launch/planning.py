@@ -65,7 +65,8 @@ def run(config: LaunchConfig, plan: LaunchPlan) -> int:
             return host_rendezvous(plan.cluster, plan.token, plan.store_address)
 
     try:  # a local cluster's ports stay held until the run ends, so a restarted task finds its port free
-        return Supervisor(plan.tasks, max_restarts=config.max_restarts, restart_scope=plan.restart_scope).run(hold)
+        return Supervisor(plan.tasks, max_restarts=config.max_restarts, restart_scope=plan.restart_scope,
+                          ps_replicas=config.ps_replicas or 1).run(hold)
     finally:
         plan.release()
 

@@ -221,6 +221,8 @@ def promote(model: str, primary: int, lost: str) -> bool:
         mirror.retire()  # `lost` answered workers without this mirror first
         return False
     with _registry_lock:
+        if key in _opened:
+            return True  # two workers asked at once: the other call serves it, and says so
         _services.setdefault(key, service)
         _opened.add(key)
     server.membership.stand_in("ps", primary, server.name)  # nobody waits for `lost` now: its host may never return

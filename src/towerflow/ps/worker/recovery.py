@@ -174,9 +174,8 @@ class Recovery:
                                     "promoted": [g.task for g in promoted]})
             how = [f"{', '.join(f'/job:ps/task:{g.task}' for g in alive)} had not stopped (its heartbeats went on): "
                    "connected again"] if alive else []
-            how += [f"/job:ps/task:{g.task} was not back within {self.server.context.ps_promote_after:g} s: its part "
-                    f"is served by its backup {ch.via} (promoted)" for g in promoted
-                    for ch in client.channels if ch.task == g.task]
+            how += [f"/job:ps/task:{g.task} {self._why_promoted(g.task)}: its part is served by its backup {ch.via} "
+                    "(promoted)" for g in promoted for ch in client.channels if ch.task == g.task]
             self._say(f"{'; '.join(how)}; going on at global step {client.global_step}; lost: nothing (what it had "
                       f"not counted is sent again); {took:.2f} s from seeing the loss to training again")
             return
@@ -205,11 +204,16 @@ class Recovery:
     def _wait_or_promote(self, gone: PSLost) -> Optional[str]:
         """The lost task's call name once it is back (a restarted incarnation's, or its own when it lives on), or
         None when its backup serves its part instead: with replicated shards, one not back within
-        `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is."""
+        `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is; one the launcher
+        will not restart (no restarts left) as soon as its heartbeats show it gone."""
         server, cause = self.server, str(gone.error)
-        if self.client.ps_replicas > 1 and server.max_restarts:
-            if self._served_by_backup(gone):
-                return None  # another worker's wait ended first
+        if self.client.ps_replicas > 1 and self._served_by_backup(gone):
+            return None  # another worker's wait ended first
+        membership = server.membership
+        if self.client.ps_replicas > 1 and membership.incarnation_of("ps", gone.task) >= server.max_restarts:
+            if not membership.beats_on("ps", gone.task, server.context.ps_promote_after) and self._promote(gone):
+                return None
+        elif self.client.ps_replicas > 1:
             try:
                 return server.wait_for_restart("ps", gone.task, gone.name, cause, server.context.ps_promote_after,
                                                alive_ok=True)
@@ -217,6 +221,12 @@ class Recovery:
                 if self._promote(gone):
                     return None
         return server.wait_for_restart("ps", gone.task, gone.name, cause, alive_ok=True)
+
+    def _why_promoted(self, task: int) -> str:
+        wait = self.server.context.ps_promote_after
+        if self.server.membership.incarnation_of("ps", task) >= self.server.max_restarts:
+            return f"will not be restarted (no restarts left) and was silent for {wait:g} s"
+        return f"was not back within {wait:g} s"
 
     def _served_by_backup(self, gone: PSLost) -> bool:
         """Whether the lost task's backup serves its part already (it stands in for the task: membership.stand_in);
