@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 MNIST = REPO.parent / "shared" / "data" / "mnist-t10k"
 TOKEN = {"TOWERFLOW_CLUSTER_TOKEN": "multihost-etcd-token"}
 CLIENT, PEER = 2379, 2380
+STEPS = 1500  # the three losses are over near step 650 on the 2-core VM, and the run reaches 0.95 well before the end
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(480)]
 
@@ -95,7 +96,7 @@ def test_the_coordinator_then_its_host_then_the_etcd_leader_are_lost_and_the_job
         _etcd_leader(h[3], members)
         cluster = tmp_path / "cluster.json"
         cluster.write_text(json.dumps({"ps": [f"{h[0].name}:2222"], "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]}))
-        script = ["examples/mnist_ps.py", "--data", str(MNIST), "--steps", "3000"]
+        script = ["examples/mnist_ps.py", "--data", str(MNIST), "--steps", str(STEPS)]
         flags = ["--store", f"etcd://{members}/job-{h.tag}", "--max-restarts", "3", "--logdir", str(tmp_path / "run")]
         ps = h.launch(h[0], cluster, "ps", 0, script, TOKEN, flags)
         chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)
@@ -122,6 +123,7 @@ def test_the_coordinator_then_its_host_then_the_etcd_leader_are_lost_and_the_job
         lost_at = max(_steps(chief.output), _rejoined(chief.output, 2))
         wait_until(lambda: _steps(chief.output) >= lost_at + 200, 120, "training to go on without the etcd leader")
         took["etcd leader (to 200 more steps)"] = time.monotonic() - start
+        print(f"\nthe losses were over at global step {_steps(chief.output)} of {STEPS}")
         for p in (ps, chief, worker):
             assert p.wait(300) == 0, p.output[-4000:]
         accuracy = float(re.findall(r"test accuracy: ([0-9.]+)", chief.output)[-1])
