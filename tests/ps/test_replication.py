@@ -22,7 +22,7 @@ from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import SparseAdam
 from towerflow.ps.tables.table_shards import TableShards
-from towerflow.ps.worker.from_mirrors import holds_all_it_answered
+from towerflow.ps.worker.from_mirrors import holds_all_it_answered, stands_for_the_lost
 
 
 class Lost(RuntimeError):
@@ -451,3 +451,15 @@ def test_a_replica_lag_needs_two_replicas_and_async_training(lag, replicas, mode
     else:
         with pytest.raises(ParameterServerError, match=rf"ps_replica_lag={lag!r}"):
             check_replica_lag(lag, replicas, mode)
+
+
+def test_restarts_that_never_served_do_not_cost_the_mirror():
+    """A ps host cut off for longer than its restarts take: each restart fails at once, then one joins. The mirror
+    its first incarnation fed still stands for the part; not when an incarnation since went on without it."""
+    fed = MirrorState(snapshot={"values": 1}, fed_by="ps:0", seq=5)
+    lost = [f"ps:0:r{k}" for k in range(17, 0, -1)] + ["ps:0"]  # the newest first
+    assert stands_for_the_lost(fed, lost, lambda name: None)
+    assert stands_for_the_lost(fed, lost, lambda name: "promoted" if name == "ps:0" else None)  # its backup stood in
+    assert not stands_for_the_lost(fed, lost, lambda name: "1" if name == "ps:0:r5" else None)  # r5 served alone
+    assert not stands_for_the_lost(MirrorState(snapshot={"values": 1}, fed_by="ps:1", seq=5), lost, lambda name: None)
+    assert not stands_for_the_lost(None, lost, lambda name: None)

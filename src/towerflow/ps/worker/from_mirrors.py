@@ -38,8 +38,9 @@ def restore(client, publish: Callable[[str, str], None]) -> Optional[Dict[int, s
         if backup in {c.task for c in empty}:
             return None
         state = _mirror_state(server, client.model_name, ch.task, backup)
-        lost = rpc_name("ps", ch.task, max(0, server.membership.incarnation_of("ps", ch.task) - 1))
-        if not holds_all_it_answered(state, lost, server.lookup(unreplicated_key(client.model_name, lost))):
+        current = server.membership.incarnation_of("ps", ch.task)
+        lost = [rpc_name("ps", ch.task, k) for k in range(max(current - 1, 0), -1, -1)]
+        if not stands_for_the_lost(state, lost, lambda name: server.lookup(unreplicated_key(client.model_name, name))):
             return None
         mirrors[ch.task] = state
         sources[ch.task] = f"/job:ps/task:{backup}"
@@ -60,6 +61,21 @@ def holds_all_it_answered(state: Optional[MirrorState], lost: str, unreplicated:
     applied every op since, and that incarnation never said it went on without it (`unreplicated`: what it
     published under `unreplicated_key`; a backup cut off while alive keeps a mirror that stopped early)."""
     return state is not None and state.snapshot is not None and state.fed_by == lost and unreplicated != "1"
+
+
+def stands_for_the_lost(state: Optional[MirrorState], lost_newest_first: List[str],
+                        unreplicated_of: Callable[[str], Optional[str]]) -> bool:
+    """Whether a mirror stands for the part as its lost incarnations (newest first) left it: fed throughout by one
+    of them, none of which since said it went on without this backup. Those after the one that fed it never
+    served the part, since a primary seeds its backup before its first reply or says it goes on alone: restarts
+    that failed at once (while their host was cut off, say) do not cost the mirror."""
+    for name in lost_newest_first:
+        said = unreplicated_of(name)
+        if holds_all_it_answered(state, name, said):
+            return True
+        if said == "1":
+            return False
+    return False
 
 
 def _mirror_state(server, model: str, primary: int, backup: int) -> Optional[MirrorState]:
