@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from towerflow.launch import environment as _env
 from towerflow.launch import forkserver as _forks
@@ -33,6 +33,8 @@ STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 RESTART_SCOPES = ("task", "group")
 EXITING_GRACE_S = 3.0  # how long a task that reported its own failure gets to exit by itself (_fail)
 SERVE_GRACE_S = 5.0  # how long tasks that only serve others may outlive every task they serve (_served)
+QUICK_FAILURE_S = 10.0  # a task failing sooner than this after its start, twice in a row, waits to be restarted
+BACKOFF_S = (1.0, 15.0)  # that wait: the first, doubling on each quick failure after it up to the last
 
 
 class Supervisor:
@@ -53,6 +55,8 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.restart_scope = restart_scope
         self.ps_replicas = ps_replicas  # >= 2: a ps task out of restarts leaves its part to its backup (_lose)
+        self._quick: Dict[str, int] = {}  # task name: how many times in a row it failed within QUICK_FAILURE_S
+        self._due: Dict[int, float] = {}  # index of a failed task: when its restart starts (_pause)
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.failure: Optional[_verdict.Verdict] = None
@@ -160,7 +164,8 @@ class Supervisor:
         while True:
             for r in self._running:
                 r.release_held()
-            codes = [0 if r.lost else r.proc.poll() for r in self._running]
+            self._start_due()
+            codes = [None if i in self._due else 0 if r.lost else r.proc.poll() for i, r in enumerate(self._running)]
             if all(c == 0 for c in codes):
                 for r in self._running:
                     r.finish_output()
@@ -188,10 +193,34 @@ class Supervisor:
                 if self.restart_scope == "group":
                     self._restart_all(r, how)
                     break
+                pause = self._pause(r)
+                if pause:
+                    self._due[i] = time.monotonic() + pause
+                    self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
+                              f"{self.max_restarts}) in {pause:g} s: it failed within {QUICK_FAILURE_S:g} s of its start "
+                              f"{self._quick[r.spec.name]} times in a row{_verdict.restart_note(r.report_path)}")
+                    continue
                 self._running[i] = self._restart(r)
                 self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}; restarting it ({r.restarts + 1} of "
                           f"{self.max_restarts}) as pid {self._running[i].proc.pid}{_verdict.restart_note(r.report_path)}")
             time.sleep(0.05)
+
+    def _pause(self, r: TaskProcess) -> float:
+        """Seconds before restarting r: none, unless it failed soon after its start again (a host cut off from the
+        others, a script that fails at once), so that such failures do not spend every restart in seconds."""
+        quick = time.monotonic() - r.started_at < QUICK_FAILURE_S
+        n = self._quick[r.spec.name] = self._quick.get(r.spec.name, 0) + 1 if quick else 0
+        return 0.0 if n < 2 else min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (n - 2))
+
+    def _start_due(self) -> None:
+        """Start the restarts whose pause is over."""
+        for i, when in list(self._due.items()):
+            if time.monotonic() >= when:
+                del self._due[i]
+                r = self._running[i]
+                self._running[i] = self._restart(r)
+                self._say(f"restarted {r.spec.name} ({r.restarts + 1} of {self.max_restarts}) as pid "
+                          f"{self._running[i].proc.pid}")
 
     def _backed_up(self, r: TaskProcess) -> bool:
         """Whether a lost task's part lives on elsewhere: a ps task with a backup (--ps-replicas 2), while at

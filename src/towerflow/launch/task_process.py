@@ -72,6 +72,7 @@ class TaskProcess:
         self.restarts = restarts
         self.stopped = False  # the launcher stopped it
         self.lost = False  # out of restarts and left so: its part is served by a backup (Supervisor._lose)
+        self.started_at = time.monotonic()
         self.logged = False  # its exit is in the run log (runlog.py)
         self.held: Deque[tuple] = collections.deque()  # (when, line): transport warnings not printed yet
         self.dropped = 0
