@@ -77,6 +77,21 @@ def test_a_promoted_mirror_serves_the_part_as_the_primary_left_it_and_refuses_th
     assert served.coordinator.pushes_by_worker[0] == 1  # the refused op never reached the served part
 
 
+def test_a_promoted_mirror_refuses_a_seed_from_the_incarnation_it_stands_in_for():
+    """A primary that was only frozen (or a seed it sent before it was lost, read late) re-seeds its backup: that
+    seed must not end the promotion, or the part would go back to a process the workers gave up (and the store
+    would stop marking the task as stood in for while it is still silent)."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    _replicated(primary, link)
+    mirror = link.mirrors["ps:1"]
+    served = mirror.promote("ps:0")
+    assert served is not None and mirror.stands_in_for("ps:0") and not mirror.stands_in_for("ps:0:r1")
+    primary.replica.seed("ps:1")  # the frozen primary wakes and seeds anew
+    link.flush()
+    assert mirror.promoted and mirror.fed_by == "ps:0"
+
+
 def test_a_primary_that_cannot_say_it_goes_on_alone_stops():
     """The store is out of reach: the backup may be promoted meanwhile, so answering without it could fork the part."""
     link = FakeLink()

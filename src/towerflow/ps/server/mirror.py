@@ -98,7 +98,7 @@ class Mirror:
         number held in order."""
         future: torch.futures.Future = torch.futures.Future()
         with self._lock:
-            if self.promoted and not isinstance(frame.op, SeedOp):
+            if self.promoted and (not isinstance(frame.op, SeedOp) or frame.sender == self.fed_by):
                 future.set_exception(ParameterServerError(
                     f"the backup of /job:ps/task:{self.primary}'s part of {self.model!r} was promoted in place of "
                     f"{self.fed_by}: it takes no more ops from {frame.sender}"))
@@ -172,6 +172,12 @@ class Mirror:
             self._close_rings(keep=None)
         self.wait_applied()  # the seed and every op it holds, applied
         return self.service if self.error is None else None
+
+    def stands_in_for(self, sender: str) -> bool:
+        """Whether this mirror serves in place of incarnation `sender`: a seed from it is stale (sent before it was
+        lost, or by a process that was only frozen), not a new primary taking the part back."""
+        with self._lock:
+            return self.promoted and sender == self.fed_by
 
     def retire(self) -> bool:
         """Stop serving in the primary's place (the chief takes the part back); whether it was promoted."""
