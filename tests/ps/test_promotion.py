@@ -145,6 +145,7 @@ class _Server:
         self.beats_watched = []
         self.membership = types.SimpleNamespace(
             join_timeout=60.0, stood_in=lambda: frozenset(stood_in), incarnation_of=lambda job, task: restarts_used,
+            will_be_restarted=lambda job, task: restarts_used < max_restarts,
             beats_on=lambda job, task, within: self.beats_watched.append((task, within)) or beating)
         self.context = types.SimpleNamespace(ps_promote_after=5.0)
         self.waited = []

@@ -136,6 +136,10 @@ class Membership:
                 )
             time.sleep(POLL)
 
+    def will_be_restarted(self, job: str, index: int) -> bool:
+        """Whether the launcher may still restart task (job, index): its current incarnation has restarts left."""
+        return self.incarnation_of(job, index) < self.max_restarts
+
     def beats_on(self, job: str, index: int, within: float) -> bool:
         """Whether task (job, index) beats on (ALIVE_BEATS beats within `within` seconds): it lives, only a
         connection to it was lost. False once `within` has passed without them: it is gone (a dead process

@@ -230,7 +230,7 @@ class Supervisor:
 
     def _lose(self, r: TaskProcess, how: str) -> None:
         """A ps task out of restarts whose backup holds its part: not restarted, and the job goes on (the
-        workers promote the backup once the task's restart wait runs out)."""
+        workers promote the backup once the task's heartbeats have stopped)."""
         r.lost = True
         self._say(f"{r.spec.name} (pid {r.proc.pid}) {how}, with no restarts left ({self.max_restarts}); leaving it "
                   "lost: its backup takes its part over once the workers stop waiting for it (--ps-replicas "

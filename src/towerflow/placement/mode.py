@@ -234,7 +234,8 @@ class PlacementMode(TorchFunctionMode):
     def _place(self, func, kind, base, op_type, args, kwargs, target):
         moved = 0
         generator = kwargs.get("generator")
-        if isinstance(generator, torch.Generator) and target is not None and generator.device.type != target.torch_device.type:
+        if (isinstance(generator, torch.Generator) and target is not None
+                and generator.device.type != target.torch_device.type):
             local = _logical.table().for_torch_device(generator.device)  # a generator pins its op, as a device= does
             if local is None:
                 return func(*args, **kwargs)

@@ -133,7 +133,8 @@ class Strategy:
         """Move the model to this replica's device, make its updates synchronous, wrap the optimizer.
 
         Build the optimizer over `model.parameters()` before calling; it keeps working after
-        the move (state it made already, as Adagrad's, moves with the parameters). `lr_schedule(global_step) -> lr` is applied before every step;
+        the move (state it made already, as Adagrad's, moves with the parameters).
+        `lr_schedule(global_step) -> lr` is applied before every step;
         `clip_grad_norm` clips the combined gradient (after all-reduce, so every replica agrees).
         Strategies that train embedding tables also take `sparse_optimizer=` (`_local_tables.py`,
         `parameter_server.py`).

@@ -170,9 +170,10 @@ def _mirror(model: str, primary: int) -> Mirror:
 def replicate(frame: ReplicaFrame) -> torch.futures.Future:
     """A primary's op for the mirror of its part held here (`mirror.py`): a future of the last op number it holds
     in order (the primary's acknowledgement)."""
-    if isinstance(frame.op, SeedOp) and not _mirror(frame.model, frame.primary).stands_in_for(frame.sender):
+    mirror = _mirror(frame.model, frame.primary)
+    if isinstance(frame.op, SeedOp) and not mirror.stands_in_for(frame.sender):
         _stop_serving(frame.model, frame.primary)  # a new primary incarnation: a part served here in its place is over
-    return _mirror(frame.model, frame.primary).receive(frame)
+    return mirror.receive(frame)
 
 
 def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer, ring: Optional[_shm_ring.RingOffer] = None,

@@ -206,25 +206,24 @@ class Recovery:
         None when its backup serves its part instead: with replicated shards, one not back within
         `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is; one the launcher
         will not restart (no restarts left) as soon as its heartbeats show it gone."""
-        server, cause = self.server, str(gone.error)
-        if self.client.ps_replicas > 1 and self._served_by_backup(gone):
-            return None  # another worker's wait ended first
-        membership = server.membership
-        if self.client.ps_replicas > 1 and membership.incarnation_of("ps", gone.task) >= server.max_restarts:
-            if not membership.beats_on("ps", gone.task, server.context.ps_promote_after) and self._promote(gone):
-                return None
-        elif self.client.ps_replicas > 1:
-            try:
-                return server.wait_for_restart("ps", gone.task, gone.name, cause, server.context.ps_promote_after,
-                                               alive_ok=True)
-            except ClusterTimeoutError:
-                if self._promote(gone):
+        server, cause, wait = self.server, str(gone.error), self.server.context.ps_promote_after
+        if self.client.ps_replicas > 1:
+            if self._served_by_backup(gone):
+                return None  # another worker's wait ended first
+            if not server.membership.will_be_restarted("ps", gone.task):
+                if not server.membership.beats_on("ps", gone.task, wait) and self._promote(gone):
                     return None
+            else:
+                try:
+                    return server.wait_for_restart("ps", gone.task, gone.name, cause, wait, alive_ok=True)
+                except ClusterTimeoutError:
+                    if self._promote(gone):
+                        return None
         return server.wait_for_restart("ps", gone.task, gone.name, cause, alive_ok=True)
 
     def _why_promoted(self, task: int) -> str:
         wait = self.server.context.ps_promote_after
-        if self.server.membership.incarnation_of("ps", task) >= self.server.max_restarts:
+        if not self.server.membership.will_be_restarted("ps", task):
             return f"will not be restarted (no restarts left) and was silent for {wait:g} s"
         return f"was not back within {wait:g} s"
 
