@@ -206,8 +206,9 @@ class Recovery:
         None when its backup serves its part instead: with replicated shards, one not back within
         `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is; one the launcher
         will not restart (no restarts left) as soon as its heartbeats show it gone."""
-        server, cause, wait = self.server, str(gone.error), self.server.context.ps_promote_after
+        server, cause = self.server, str(gone.error)
         if self.client.ps_replicas > 1:
+            wait = server.context.ps_promote_after
             if self._served_by_backup(gone):
                 return None  # another worker's wait ended first
             if not server.membership.will_be_restarted("ps", gone.task):
