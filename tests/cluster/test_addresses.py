@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import socket
+
 import pytest
 
 from towerflow.cluster import addresses
 from towerflow.cluster.spec import ClusterSpec
-from towerflow.errors import ClusterSpecError
+from towerflow.errors import ClusterJoinError, ClusterSpecError
 
 LOCAL = {"127.0.0.1": "lo", "::1": "lo", "10.1.0.5": "eth0", "fd00::5": "eth0"}
 
@@ -53,6 +56,20 @@ def test_a_hostname_mapped_to_loopback_binds_the_address_that_reaches_the_other_
     assert (b.host, b.interface, b.multi_host) == ("10.1.0.5", "eth0", True)
     assert addresses.dial_host(cluster, "me", LOCAL) == "10.1.0.5"  # a task on this machine dials the same place
     assert addresses.dial_host(cluster, "other", LOCAL) == "10.1.0.6"
+
+
+def test_a_host_whose_network_is_down_says_so_instead_of_a_socket_traceback(monkeypatch):
+    """A host cut off from the others (its link down) learns it as it starts a task, in words."""
+    class Unreachable(socket.socket):
+        def connect(self, address):
+            raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    monkeypatch.setattr(addresses.socket, "socket", Unreachable)
+    with pytest.raises(ClusterJoinError) as e:
+        addresses.route_source("10.1.0.6")
+    text = str(e.value)
+    assert "has no route to 10.1.0.6" in text and "Network is unreachable" in text
+    assert "check that its network is up" in text
 
 
 def test_an_unresolvable_host_names_the_task():

@@ -23,7 +23,7 @@ import socket
 from typing import Dict, List, Mapping, Optional
 
 from towerflow.cluster.spec import ClusterSpec, split_address
-from towerflow.errors import ClusterSpecError
+from towerflow.errors import ClusterJoinError, ClusterSpecError
 
 # The variables through which gloo, TensorPipe and NCCL are told which interface to use.
 SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -100,7 +100,13 @@ def route_source(remote_ip: str) -> str:
     """The local address the kernel would send from to reach `remote_ip` (a UDP connect sends nothing)."""
     family = socket.AF_INET6 if ":" in remote_ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((remote_ip, 9))
+        try:
+            s.connect((remote_ip, 9))
+        except OSError as e:  # no route: this host's network is down, or the address is not reachable from here
+            raise ClusterJoinError(
+                f"this machine ({socket.gethostname()}) has no route to {remote_ip}, where another task of the cluster "
+                f"is ({e.strerror or e}): check that its network is up and that the cluster file's addresses are "
+                "reachable from here") from None
         return s.getsockname()[0].split("%", 1)[0]
 
 
