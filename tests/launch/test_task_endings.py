@@ -99,8 +99,8 @@ def test_a_ps_task_out_of_restarts_ends_the_job_unless_its_part_has_a_backup(ps_
     assert all(r.proc.poll() is not None for r in sup._running)
 
 
-def test_a_second_ps_task_out_of_restarts_ends_the_job_even_with_backups():
-    """Two ps tasks gone for good may be each other's backup: the launcher does not guess, the job ends."""
+def test_the_last_ps_task_out_of_restarts_ends_the_job_even_with_backups():
+    """With every ps task gone for good no part is served anywhere: the job ends, naming the last one."""
     code, _, _, err, _ = _run([
         TaskProcessSpec("worker", 0, SERVES_FOREVER, {}),
         TaskProcessSpec("ps", 0, DIES, {}, serves_only=True),
@@ -108,3 +108,18 @@ def test_a_second_ps_task_out_of_restarts_ends_the_job_even_with_backups():
                         serves_only=True),
     ], ps_replicas=2)
     assert code == 4 and "leaving it lost" in err and "/job:ps/task:1" in err, err
+
+
+def test_ps_tasks_out_of_restarts_are_left_lost_while_another_is_left():
+    """Three ps tasks, two gone for good one after the other: a promoted part gets a backup of its own, so whether
+    a part is left is for the workers to say (they end the job when none is); the launcher leaves both lost."""
+    code, _, _, err, sup = _run([
+        TaskProcessSpec("worker", 0, ENDS_AFTER, {}),
+        TaskProcessSpec("ps", 0, DIES, {}, serves_only=True),
+        TaskProcessSpec("ps", 1, [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(4)"], {},
+                        serves_only=True),
+        TaskProcessSpec("ps", 2, SERVES_FOREVER, {}, serves_only=True),
+    ], ps_replicas=2)
+    assert code == 0, err
+    assert err.count("with no restarts left (0); leaving it lost") == 2, err
+    assert all(r.proc.poll() is not None for r in sup._running)

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from towerflow.errors import ClusterTimeoutError
+from towerflow.errors import ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import PROMOTED, move_key, part_key
 from towerflow.ps.server import snapshot as _snapshot
@@ -145,6 +145,7 @@ class _Server:
         self.beats_watched = []
         self.membership = types.SimpleNamespace(
             join_timeout=60.0, stood_in=lambda: frozenset(stood_in), incarnation_of=lambda job, task: restarts_used,
+            stood_in_by=lambda job, task: f"/job:{job}/task:{task + 1}" if (job, task) in stood_in else None,
             will_be_restarted=lambda job, task: restarts_used < max_restarts,
             beats_on=lambda job, task, within: self.beats_watched.append((task, within)) or beating)
         self.context = types.SimpleNamespace(ps_promote_after=5.0)
@@ -164,11 +165,11 @@ class _Server:
 class _Client(_RecordingClient):
     """test_send_again's recording client, with two replicated ps tasks, the first one lost."""
 
-    def __init__(self, stood_in=(), **server):
-        super().__init__([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
+    def __init__(self, stood_in=(), num_ps=2, **server):
+        super().__init__([_Channel(t, 10, [9, 10]) for t in range(num_ps)], replica_lag=0)
         self.server, self.ps_replicas, self.pushes = _Server(stood_in, **server), 2, 10
         self.is_chief, self.global_step, self.model_name = True, 20, "model"
-        self.layout = types.SimpleNamespace(num_ps=2)
+        self.layout = types.SimpleNamespace(num_ps=num_ps)
 
     def follow_restarts(self):
         pass
@@ -291,3 +292,41 @@ def test_a_restarted_chief_asks_a_promoted_part_at_its_backup_and_restores_nothi
     assert recovery.connect() == "connected"
     assert asked_holds == [["ps:0", "ps:1"], ["ps:1", "ps:1"]] and client.server.waited == []
     assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))] and recovery.lost_with_chief == []
+
+
+def test_a_promoted_part_whose_backup_is_lost_too_goes_on_to_the_next_ps_task(monkeypatch):
+    """Three ps tasks: ps 0's part is served by ps 1 (promoted), which fed a mirror of it to ps 2; ps 1 is lost too,
+    so ps 2 serves the part in place of ps 1, at once (no wait for ps 0, which may never come back)."""
+    asked = []
+    _promote_answers(monkeypatch, asked)
+    client = _Client(stood_in={("ps", 0)}, num_ps=3)
+    client.channels[0].serve_from("ps:1", part_key("model", 0))
+    recovery = Recovery(client)
+    recovery.recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+    assert asked == [("ps:2", "promote", ("model", 0, "ps:1"))] and client.server.waited == []
+    assert (client.channels[0].via, client.channels[0].key) == ("ps:2", part_key("model", 0))
+    (record,) = recovery.recoveries
+    assert record["promoted"] == [0] and record["steps_lost"] == 0
+
+
+def test_with_two_ps_tasks_a_promoted_part_whose_backup_is_lost_waits_for_its_own_task(monkeypatch):
+    """No third task holds a mirror of it: the part's own task is waited for, as without replicas (here the fake
+    launcher never brings it back, and the wait says so)."""
+    asked = []
+    _promote_answers(monkeypatch, asked)
+    client = _Client(num_ps=2)
+    client.channels[0].serve_from("ps:1", part_key("model", 0))
+    with pytest.raises(ClusterTimeoutError):
+        Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+    assert asked == [] and client.server.waited == [(0, None)]
+
+
+def test_a_promoted_part_whose_backup_is_lost_with_no_mirror_left_and_no_restart_ends_the_job_saying_so(monkeypatch):
+    asked = []
+    _promote_answers(monkeypatch, asked)
+    client = _Client(num_ps=2, max_restarts=0)
+    client.channels[0].serve_from("ps:1", part_key("model", 0))
+    with pytest.raises(ParameterServerError) as e:
+        Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+    assert "/job:ps/task:0's part is lost" in str(e.value) and "ps:1, the backup that served its part" in str(e.value)
+    assert "Restart the job from the newest checkpoint" in str(e.value) and asked == []

@@ -208,3 +208,27 @@ def test_a_ps_task_with_no_restarts_left_is_left_to_its_backup_and_the_job_ends_
     assert "/job:ps/task:1 had no restarts left and was left lost: its backup served its part" in output, output
     (record,) = killed["recoveries"]
     assert record["promoted"] == [1] and record["steps_lost"] == 0, output
+
+
+def test_two_ps_tasks_lost_for_good_one_after_the_other_lose_nothing(tmp_path, monkeypatch):
+    """Three ps tasks, `--max-restarts 0`: ps task 0 is killed and its part promoted on ps task 1, which seeds a
+    backup of it on ps task 2; then ps task 1 is killed too, and ps task 2 serves all three parts to the end, which
+    is equal, update for update, to the job left alone."""
+    monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
+    flags = ["--ps", "3", "--workers", "1"]
+    os.makedirs(tmp_path / "killed")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        alone = pool.submit(_launch, flags, tmp_path / "alone", 40, "dense", "none")
+        output = launch([*flags, "--ps-replicas", "2", "--max-restarts", "0", HELPER, str(tmp_path / "killed"), "40",
+                         "dense", "10:0,25:1"], TIMEOUT)
+        alone.result()
+    killed, alone = _final(tmp_path / "killed"), _final(tmp_path / "alone")
+    assert killed["global_step"] == alone["global_step"] == 40, output
+    _assert_equal(killed["variables"], alone["variables"], "variables")
+    _assert_equal(killed["ps_state"], alone["ps_state"], "ps_state")
+    assert output.count("leaving it lost") == 2 and "restarting it" not in output, output
+    assert "promoted its mirror of /job:ps/task:0's part of 'model' (in place of ps:0)" in output, output
+    assert "promoted its mirror of /job:ps/task:0's part of 'model' (in place of ps:1)" in output, output
+    assert "promoted its mirror of /job:ps/task:1's part of 'model' (in place of ps:1)" in output, output
+    assert [r["promoted"] for r in killed["recoveries"]] == [[0], [0, 1]] or pytest.fail(output)
+    assert all(r["steps_lost"] == 0 for r in killed["recoveries"]), killed["recoveries"]

@@ -32,6 +32,15 @@ def rpc_name(job: str, index: int, incarnation: int = 0) -> str:
     return f"{job}:{index}" if incarnation == 0 else f"{job}:{index}:r{incarnation}"
 
 
+def task_of(name: str) -> Tuple[str, int]:
+    """(job, index) of a task's name ('/job:ps/task:1') or of an incarnation's call name ('ps:1:r2', `rpc_name`)."""
+    if name.startswith("/job:"):
+        job, task = name[len("/job:"):].split("/task:")
+        return job, int(task)
+    job, index = name.split(":")[:2]
+    return job, int(index)
+
+
 class Membership:
     """The liveness rules of one task towards the others, read from the store of its `rendezvous`
     (which hosts or joins the store at start, hence a reference rather than the store itself)."""
@@ -202,6 +211,11 @@ class Membership:
             self._marks = (version, *(frozenset((t.job, t.task) for t in tasks if rv.is_marked(kind, t.job, t.task))
                                       for kind in ("done", "stood_in")))
         return self._marks[1], self._marks[2]
+
+    def stood_in_by(self, job: str, index: int) -> Optional[str]:
+        """The call name of the task that does task (job, index)'s work now (`stand_in`), or None."""
+        key = self.rendezvous.key("stood_in", job, index)
+        return self._store.get(key).decode() if self._store.check([key]) else None
 
     def stand_in(self, job: str, index: int, by: Optional[str]) -> None:
         """Say that another task (`by`, its call name) does task (job, index)'s work now, so that nobody waits for that

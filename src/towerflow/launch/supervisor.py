@@ -223,10 +223,11 @@ class Supervisor:
                           f"{self._running[i].proc.pid}")
 
     def _backed_up(self, r: TaskProcess) -> bool:
-        """Whether a lost task's part lives on elsewhere: a ps task with a backup (--ps-replicas 2), while at
-        most one ps task is lost for good (two could be each other's backup)."""
-        lost_ps = sum(o.lost for o in self._running if o.spec.job == "ps")
-        return r.spec.job == "ps" and self.ps_replicas >= 2 and lost_ps == 0
+        """Whether a lost task's part may live on elsewhere: a ps task with a backup (--ps-replicas 2) while another
+        ps task of this launch is left. Whether a backup holds it (a promoted part's own backup is seeded only once
+        it is promoted) the workers learn, and they end the job when none does."""
+        ps = [o for o in self._running if o.spec.job == "ps"]
+        return r.spec.job == "ps" and self.ps_replicas >= 2 and sum(o.lost for o in ps) < len(ps) - 1
 
     def _lose(self, r: TaskProcess, how: str) -> None:
         """A ps task out of restarts whose backup holds its part: not restarted, and the job goes on (the

@@ -210,3 +210,4 @@ class MirrorState:
     snapshot: Optional[ServiceSnapshot]
     fed_by: Optional[str]
     seq: int
+    served: bool = False  # the backup served the part itself (promoted) until this read: nothing newer exists

@@ -11,7 +11,7 @@ per-step calls that never wait (a row read, a push alone) are `quick`: run where
 from __future__ import annotations
 
 import collections
-import os
+import dataclasses
 import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence
@@ -23,14 +23,14 @@ from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import shm_ring as _shm_ring
 from towerflow.cluster import transport as _transport
 from towerflow.errors import ParameterServerError
-from towerflow.ps.messages import CreateShards, Endpoints, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
-from towerflow.ps.replication_messages import (PROMOTED, MirrorState, ReplicaFrame, SeedOp, is_part_key, move_key,
-                                               part_key, unreplicated_key)
+from towerflow.ps.messages import CreateShards, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
+from towerflow.ps.replication_messages import (PROMOTED, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
+                                               move_key, part_key, unreplicated_key)
 from towerflow.ps.server import linked as _linked
 from towerflow.ps.server import mirror_link as _mirror_link
 from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server import to_backup as _to_backup
 from towerflow.ps.server.mirror import Mirror
-from towerflow.ps.server.replication import Replicator
 from towerflow.ps.server.policies import make_policy
 from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables.table_shards import TableShards
@@ -45,7 +45,6 @@ _restored: Dict[str, set] = collections.defaultdict(set)
 _restore_waits: Dict[tuple, List[torch.futures.Future]] = collections.defaultdict(list)
 _mirrors: Dict[tuple, Mirror] = {}  # (model, primary task) -> this task's mirror of that primary's part
 _registry_lock = threading.Lock()
-FENCED_EXIT = 75  # a primary that learns its backup was promoted in its place stops with this status
 
 
 def services() -> Dict[str, ShardService]:
@@ -86,76 +85,13 @@ def create(model: str, request: CreateShards) -> int:
     else:
         step = service.coordinator.global_step
     if request.backup_task is not None and not is_part_key(model):  # a part served while promoted has no backup
-        _replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None,
-                   max_lag=request.replica_lag)
+        _to_backup.replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None,
+                             max_lag=request.replica_lag)
     if request.open_now:
         open_model(model)
     for incarnation in request.restored_for:
         _mark_restored(model, incarnation, step)
     return step
-
-
-def _replicate(model: str, task: int, service: ShardService, backup_task: int, reseed: bool, max_lag: int = 0) -> None:
-    """Make `service` forward its calls to the mirror on ps task `backup_task` (seeded now, and again after
-    its state was replaced by a snapshot); `max_lag` > 0: replies run up to that many ops ahead of its acks."""
-    server = _server.current()
-    replica = service.replica
-    if not isinstance(replica, Replicator):
-        sender = server.rpc_name_of("ps", task)
-        replica = Replicator(
-            model, task, sender, backup_task, service._lock,
-            lambda: _snapshot.take(service),
-            lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
-            _transport.is_peer_lost,
-            lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause, alive_ok=True),
-            direct=_direct_sender(server, model, task, backup_task, service, sender), max_lag=max_lag,
-            mark_unreplicated=lambda on: move_key(server.swap, unreplicated_key(model, sender), "1" if on else "0",
-                                                  ("", "0") if on else ("1",)) != PROMOTED,
-            reconnect=_transport.reconnect, fenced=lambda why: _fence(server.name, why))
-        service.replica = replica
-    elif not reseed:
-        return
-    replica.seed(server.rpc_name_of("ps", backup_task))
-
-
-def _fence(name: str, why: str) -> None:
-    """This primary may answer no worker again (replication.py): stop; the launcher restarts it, and the chief
-    restores the new incarnation from the part its backup served meanwhile."""
-    print(f"towerflow: {name}: stopping without answering any worker again: {why}", file=sys.stderr, flush=True)
-    os._exit(FENCED_EXIT)
-
-
-def _direct_sender(server, model: str, task: int, backup_task: int, service: ShardService, sender: str):
-    """What opens a thread's own connection to the backup `to` (a same-host link's thread: a shared-memory link
-    for its pushes, `mirror_link.py`, beside a direct channel), or None on the messaging thread, which must not
-    wait for an ack."""
-    same_host = _shm_link.same_host(server.cluster.task_address("ps", task), server.cluster.task_address("ps", backup_task))
-    use_link = same_host and server.context.ps_link != "rpc"
-
-    def open_for(to: str):
-        if _transport.on_socket_thread():
-            return None
-        other = _ToBackup(_transport.direct_channel(to))
-        if not use_link:
-            return other
-        offer = lambda link, ring: _transport.call_async(  # noqa: E731
-            to, Endpoints.attach_mirror_link, args=(model, task, link, ring, sender)).wait()
-        return _mirror_link.open_sender(service.flats, offer, other, server.name) or other
-
-    return open_for
-
-
-class _ToBackup:
-    """A thread's own direct channel to the backup, sending ops as `replicate` calls; closed once it is lost."""
-
-    def __init__(self, channel):
-        self.channel = channel
-
-    def __call__(self, frame: ReplicaFrame):
-        return self.channel.call(Endpoints.replicate, frame)
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 def _mirror(model: str, primary: int) -> Mirror:
@@ -198,27 +134,36 @@ def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer, rin
 
 def mirror_state(model: str, primary: int) -> MirrorState:
     """This task's mirror of ps task `primary`'s part of the model, whole (the chief restores a lost primary from it);
-    a part served here while promoted is given back first: later calls to it raise PartMoved."""
-    _stop_serving(model, primary)
+    a part served here while promoted is given back first (`served` says so): later calls to it raise PartMoved."""
+    mirror = _stop_serving(model, primary)
+    if mirror is not None:
+        return dataclasses.replace(mirror.state(), served=True)
     with _registry_lock:
         mirror = _mirrors.get((model, primary))
     return mirror.state() if mirror is not None else MirrorState(None, None, 0)
 
 
+def _mirrors_of(model: str, primary: int) -> List[Mirror]:
+    """This task's mirrors of ps task `primary`'s part: fed by that task (under `model`), or by a backup that served
+    the part while promoted (under its `part_key`). Under the registry's lock."""
+    return [m for m in (_mirrors.get((model, primary)), _mirrors.get((part_key(model, primary), primary))) if m is not None]
+
+
 def promote(model: str, primary: int, lost: str) -> bool:
-    """Serve ps task `primary`'s part of the model here, under `part_key`, in place of its lost incarnation `lost`,
-    from this task's mirror of it: True once served (a second worker's call finds it so), False when the mirror
-    cannot stand for `lost` (fed by another incarnation, or `lost` said it went on without it)."""
+    """Serve ps task `primary`'s part of the model here, under `part_key`, in place of `lost`, the lost incarnation
+    that served it (its primary, or a backup promoted before), from this task's mirror of it, and replicate it on
+    to the next ps task: True once served (a second worker's call finds it so), False when no mirror here can stand
+    for `lost` (fed by another incarnation, or `lost` said it went on without it)."""
     key = part_key(model, primary)
     with _registry_lock:
-        mirror = _mirrors.get((model, primary))
-        if key in _services or mirror is None:
-            return mirror is not None
-    service = mirror.promote(lost)
+        if key in _services:
+            return True
+        mirror = next((m for m in _mirrors_of(model, primary) if m.fed_by == lost), None)
+    service = mirror.promote(lost) if mirror is not None else None
     if service is None:
         return False
     server = _server.current()
-    if move_key(server.swap, unreplicated_key(model, lost), PROMOTED, ("", "0")) != PROMOTED:
+    if move_key(server.swap, unreplicated_key(mirror.model, lost), PROMOTED, ("", "0")) != PROMOTED:
         mirror.retire()  # `lost` answered workers without this mirror first
         return False
     with _registry_lock:
@@ -229,20 +174,29 @@ def promote(model: str, primary: int, lost: str) -> bool:
     server.membership.stand_in("ps", primary, server.name)  # nobody waits for `lost` now: its host may never return
     print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
           f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
+    onward = backup_of(server.task_index, server.cluster.num_tasks("ps"))
+    if onward != primary and ("ps", onward) not in server.membership.stood_in():  # else no other task is left for it
+        own = _services.get(model)
+        _to_backup.replicate(key, primary, service, onward, reseed=False, serving=server.task_index,
+                             max_lag=getattr(own.replica, "max_lag", 0) if own is not None else 0)
     return True
 
 
-def _stop_serving(model: str, primary: int) -> None:
+def _stop_serving(model: str, primary: int) -> Optional[Mirror]:
+    """Give back the part of `primary` served here while promoted, if it is; the mirror it was served from."""
     key = part_key(model, primary)
     with _registry_lock:
         served = _services.pop(key, None)
         _opened.discard(key)
-        mirror = _mirrors.get((model, primary))
-    if served is not None and mirror is not None and mirror.retire():
-        server = _server.current()
-        server.membership.stand_in("ps", primary, None)  # (its new incarnation said so as it joined, unless promoted after)
-        print(f"towerflow: {server.name}: gives /job:ps/task:{primary}'s part of {model!r} back at global "
-              f"step {served.coordinator.global_step}", file=sys.stderr, flush=True)
+        mirrors = _mirrors_of(model, primary)
+    mirror = next((m for m in mirrors if m.promoted), None)
+    if served is None or mirror is None or not mirror.retire():
+        return None
+    server = _server.current()
+    server.membership.stand_in("ps", primary, None)  # (its new incarnation said so as it joined, unless promoted after)
+    print(f"towerflow: {server.name}: gives /job:ps/task:{primary}'s part of {model!r} back at global "
+          f"step {served.coordinator.global_step}", file=sys.stderr, flush=True)
+    return mirror
 
 
 def holds(model: str) -> bool:

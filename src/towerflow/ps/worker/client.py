@@ -47,7 +47,7 @@ def _lost_as_pslost(ch: Channel) -> Iterator[None]:
         raise PSLost(ch.task, ch.to, e) from e
     except RuntimeError as e:
         if _transport.is_peer_lost(e):
-            raise PSLost(ch.task, ch.to, e) from e
+            raise PSLost(ch.task, ch.via or ch.to, e) from e  # the task lost: the part's own, or its promoted backup
         raise
 
 

@@ -6,12 +6,13 @@ every reply a worker got. So the chief asks each empty task's backup for its mir
 task; the tasks that kept their state are not touched (no step goes back). When an empty task's
 backup holds no mirror fed by the lost incarnation (it was lost too, or restarted since), or that
 incarnation said it went on without its backup (cut off from it), that part's every replica is gone,
-and the caller falls back to the newest checkpoint for every task.
+and the caller falls back to the newest checkpoint for every task. A part a backup serves while promoted is
+taken from there, however far round the ring it went (a backup promoted in place of a lost promoted backup).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.membership import rpc_name
@@ -28,22 +29,16 @@ def outcome_key(model: str, incarnation: str) -> str:
 def restore(client, publish: Callable[[str, str], None]) -> Optional[Dict[int, str]]:
     """Chief: put every empty ps task back from its mirror and let the workers go on; {task: the backup it was
     restored from}, empty when no task was empty, or None (nothing sent) when some empty task has no mirror."""
-    server = client.server
     holds = client.on_all(Endpoints.holds)
     empty = [ch for ch, held in zip(client.channels, holds) if not held]
     mirrors: Dict[int, MirrorState] = {}
     sources: Dict[int, str] = {}
     for ch in empty:
-        backup = backup_of(ch.task, client.layout.num_ps)
-        if backup in {c.task for c in empty}:
+        found = _find_mirror(client, ch.task, {c.task for c in empty})
+        if found is None:
             return None
-        state = _mirror_state(server, client.model_name, ch.task, backup)
-        current = server.membership.incarnation_of("ps", ch.task)
-        lost = [rpc_name("ps", ch.task, k) for k in range(max(current - 1, 0), -1, -1)]
-        if not stands_for_the_lost(state, lost, lambda name: server.lookup(unreplicated_key(client.model_name, name))):
-            return None
-        mirrors[ch.task] = state
-        sources[ch.task] = f"/job:ps/task:{backup}"
+        mirrors[ch.task], holder = found
+        sources[ch.task] = f"/job:ps/task:{holder}"
     restored_for: List[str] = [ch.to for ch in client.channels]
     for name in restored_for:
         publish(outcome_key(client.model_name, name), "mirror")
@@ -54,6 +49,26 @@ def restore(client, publish: Callable[[str, str], None]) -> Optional[Dict[int, s
         client.wait(ch, f)
     client.opened = True
     return sources
+
+
+def _find_mirror(client, task: int, empty: Set[int]) -> Optional[Tuple[MirrorState, int]]:
+    """What to restore `task`'s part from, and the ps task that holds it: the part itself where a backup serves it
+    (promoted; further round the ring when the backup that served it first was lost too), else its backup's mirror
+    when that stands for the lost incarnations; None when neither is left (every replica lost)."""
+    server, num_ps = client.server, client.layout.num_ps
+    current = server.membership.incarnation_of("ps", task)
+    lost = [rpc_name("ps", task, k) for k in range(max(current - 1, 0), -1, -1)]
+    holder = backup_of(task, num_ps)
+    while holder != task:
+        if holder not in empty:
+            state = _mirror_state(server, client.model_name, task, holder)
+            if state is not None and state.served and state.snapshot is not None:
+                return state, holder
+            if holder == backup_of(task, num_ps) and stands_for_the_lost(
+                    state, lost, lambda name: server.lookup(unreplicated_key(client.model_name, name))):
+                return state, holder
+        holder = backup_of(holder, num_ps)
+    return None
 
 
 def holds_all_it_answered(state: Optional[MirrorState], lost: str, unreplicated: Optional[str]) -> bool:

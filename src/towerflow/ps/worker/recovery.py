@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from towerflow.cluster import transport as _transport
+from towerflow.cluster.membership import task_of
 from towerflow.errors import ClusterError, ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import backup_of, part_key
@@ -36,6 +37,7 @@ class Recovery:
         self.recoveries: List[dict] = []  # one entry per lost ps this worker went on after
         self.lost_with_chief: List[int] = []  # ps tasks a restarted chief found empty, until it restores them
         self._next_look = 0.0  # when to look again whether a ps task whose backup serves its part is back
+        self._why: Dict[int, str] = {}  # why a lost task's part is served by the task it is now, when not the usual
 
     def _say(self, text: str) -> None:
         print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
@@ -171,7 +173,7 @@ class Recovery:
             self.recoveries.append({"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                                     "resumed_at_step": client.global_step, "steps_lost": 0, "seconds": round(took, 2),
                                     "from_mirrors": False, "reconnected": bool(alive), "pushes_lost": pushes_lost,
-                                    "promoted": [g.task for g in promoted]})
+                                    "promoted": sorted(g.task for g in promoted)})
             how = [f"{', '.join(f'/job:ps/task:{g.task}' for g in alive)} had not stopped (its heartbeats went on): "
                    "connected again"] if alive else []
             how += [f"/job:ps/task:{g.task} {self._why_promoted(g.task)}: its part is served by its backup {ch.via} "
@@ -209,6 +211,9 @@ class Recovery:
         server, cause = self.server, str(gone.error)
         if self.client.ps_replicas > 1:
             wait = server.context.ps_promote_after
+            ch = next(c for c in self.client.channels if c.task == gone.task)
+            if ch.via is not None and gone.name == ch.via:
+                return self._promote_onward(ch, gone)
             if self._served_by_backup(gone):
                 return None  # another worker's wait ended first
             if not server.membership.will_be_restarted("ps", gone.task):
@@ -222,7 +227,26 @@ class Recovery:
                         return None
         return server.wait_for_restart("ps", gone.task, gone.name, cause, alive_ok=True)
 
+    def _promote_onward(self, ch, gone: PSLost) -> Optional[str]:
+        """The backup that served a lost task's part (promoted) is lost too: the next ps task round the ring, which
+        it fed a mirror of the part, serves it now (None); without one, the part's own task is waited for (its call
+        name once back), as without replicas, or, when it will not be restarted, the job ends saying so."""
+        via, server = ch.via, self.server
+        onward = backup_of(task_of(via)[1], self.client.layout.num_ps)
+        if onward != gone.task and self._promote(gone, lost=via, at=onward):
+            self._why[gone.task] = f"and then {via}, the backup that served its part, were lost"
+            return None
+        if not server.membership.will_be_restarted("ps", gone.task):
+            raise ParameterServerError(
+                f"/job:ps/task:{gone.task}'s part is lost: that task will not be restarted (no restarts left) and "
+                f"{via}, the backup that served its part, is gone too ({gone.error}), with no other ps task holding a "
+                "mirror of it. Restart the job from the newest checkpoint; with 3 or more ps tasks a promoted part "
+                "gets a backup of its own")
+        return server.wait_for_restart("ps", gone.task, ch.to, str(gone.error), alive_ok=True)
+
     def _why_promoted(self, task: int) -> str:
+        if task in self._why:
+            return self._why.pop(task)
         wait = self.server.context.ps_promote_after
         if not self.server.membership.will_be_restarted("ps", task):
             return f"will not be restarted (no restarts left) and was silent for {wait:g} s"
@@ -233,13 +257,18 @@ class Recovery:
         then this worker calls the part there from now on, without waiting for a restart that may never come."""
         return ("ps", gone.task) in self.server.membership.stood_in() and self._promote(gone)
 
-    def _promote(self, gone: PSLost) -> bool:
-        """Ask the lost task's backup to serve its part (`endpoints.promote`) and call it there from now on; False
-        when it cannot (its mirror does not stand for the lost incarnation, or the backup is gone too)."""
-        client = self.client
-        backup_task = backup_of(gone.task, client.layout.num_ps)
+    def _promote(self, gone: PSLost, lost: Optional[str] = None, at: Optional[int] = None) -> bool:
+        """Ask the ps task `at` to serve the lost task's part in place of `lost` (`endpoints.promote`) and call it there
+        from now on; False when it cannot (its mirror does not stand for `lost`, or it is gone too). By default the
+        task that stands in for the lost one already, else its backup, in place of the lost incarnation itself."""
+        client, membership = self.client, self.server.membership
+        if at is None:
+            by = membership.stood_in_by("ps", gone.task)
+            at = task_of(by)[1] if by is not None else backup_of(gone.task, client.layout.num_ps)
+        backup_task = at
         backup = self.server.rpc_name_of("ps", backup_task)
-        future = _transport.call_async(backup, Endpoints.promote, args=(client.model_name, gone.task, gone.name))
+        future = _transport.call_async(backup, Endpoints.promote,
+                                       args=(client.model_name, gone.task, gone.name if lost is None else lost))
         try:
             self.server.wait_watching(future, task=("ps", backup_task))
             if not future.wait():
