@@ -322,10 +322,10 @@ def wait_finished(model: str) -> torch.futures.Future:
 
 
 def metrics(model: str) -> dict:
-    """This ps task's counters for the model (with the mirrors of other tasks' parts it holds)."""
+    """This ps task's counters for the model (with the mirrors of other tasks' parts it holds, promoted ones' too)."""
     out = _get(model).metrics()
     with _registry_lock:
-        mirrors = [m for (name, _), m in _mirrors.items() if name == model]
+        mirrors = [m for (name, _), m in _mirrors.items() if name == model or name.startswith(model + "@")]
     if mirrors:
         out["mirrors"] = [m.metrics() for m in mirrors]
     return out
