@@ -213,7 +213,7 @@ class Membership:
         return self._marks[1], self._marks[2]
 
     def stood_in_by(self, job: str, index: int) -> Optional[str]:
-        """The call name of the task that does task (job, index)'s work now (`stand_in`), or None."""
+        """The name of the task that does task (job, index)'s work now, as `stand_in` was given it, or None."""
         key = self.rendezvous.key("stood_in", job, index)
         return self._store.get(key).decode() if self._store.check([key]) else None
 

@@ -261,16 +261,15 @@ class Recovery:
         """Ask the ps task `at` to serve the lost task's part in place of `lost` (`endpoints.promote`) and call it there
         from now on; False when it cannot (its mirror does not stand for `lost`, or it is gone too). By default the
         task that stands in for the lost one already, else its backup, in place of the lost incarnation itself."""
-        client, membership = self.client, self.server.membership
+        client = self.client
         if at is None:
-            by = membership.stood_in_by("ps", gone.task)
+            by = self.server.membership.stood_in_by("ps", gone.task)
             at = task_of(by)[1] if by is not None else backup_of(gone.task, client.layout.num_ps)
-        backup_task = at
-        backup = self.server.rpc_name_of("ps", backup_task)
+        backup = self.server.rpc_name_of("ps", at)
         future = _transport.call_async(backup, Endpoints.promote,
                                        args=(client.model_name, gone.task, gone.name if lost is None else lost))
         try:
-            self.server.wait_watching(future, task=("ps", backup_task))
+            self.server.wait_watching(future, task=("ps", at))
             if not future.wait():
                 return False
         except ClusterError:  # the backup went silent too
