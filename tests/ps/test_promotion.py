@@ -330,3 +330,18 @@ def test_a_promoted_part_whose_backup_is_lost_with_no_mirror_left_and_no_restart
         Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
     assert "/job:ps/task:0's part is lost" in str(e.value) and "ps:1, the backup that served its part" in str(e.value)
     assert "Restart the job from the newest checkpoint" in str(e.value) and asked == []
+
+
+def test_a_promoted_backup_that_beats_on_is_connected_to_again_not_replaced(monkeypatch):
+    """Only the connection to the task serving the part was lost (its heartbeats go on): no promotion beside a
+    backup that may still answer others; the worker connects to it again and goes on there."""
+    from towerflow.ps.worker import recovery as _recovery
+
+    asked, reconnected = [], []
+    _promote_answers(monkeypatch, asked)
+    monkeypatch.setattr(_recovery._transport, "reconnect", reconnected.append)
+    client = _Client(stood_in={("ps", 0)}, num_ps=3, beating=True)
+    client.channels[0].serve_from("ps:1", part_key("model", 0))
+    Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+    assert asked == [] and reconnected == ["ps:1"] and client.server.beats_watched == [(1, 5.0)]
+    assert client.channels[0].via == "ps:1"

@@ -188,19 +188,25 @@ def test_a_ps_task_that_stops_answering_is_replaced_by_its_backup_and_nothing_is
     assert "gives /job:ps/task:1's part of 'model' back" in output, output
 
 
+def _out_of_restarts_and_left_alone(tmp_path, flags, steps, model, kills):
+    """The job launched with `--max-restarts 0` and `kills`, beside the same job left alone (with restarts, which it
+    never uses); (killed run's final, reference final, killed run's output)."""
+    os.makedirs(tmp_path / "killed")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        alone = pool.submit(_launch, flags, tmp_path / "alone", steps, model, "none")
+        output = launch([*flags, "--ps-replicas", "2", "--max-restarts", "0", HELPER, str(tmp_path / "killed"),
+                         str(steps), model, kills], TIMEOUT)
+        alone.result()
+    return _final(tmp_path / "killed"), _final(tmp_path / "alone"), output
+
+
 def test_a_ps_task_with_no_restarts_left_is_left_to_its_backup_and_the_job_ends_well(tmp_path, monkeypatch):
     """`--max-restarts 0`: the launcher leaves killed ps task 1 lost instead of ending the job; the workers, seeing
     that it will not be restarted, promote its backup once its heartbeats have stopped for the promotion wait, and
     the job exits 0 equal, update for update, to one left alone."""
     monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
-    flags = ["--ps", "2", "--workers", "2", "--mode", "sync"]
-    os.makedirs(tmp_path / "killed")
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        alone = pool.submit(_launch, flags, tmp_path / "alone", 30, "sparse", "none")
-        output = launch([*flags, "--ps-replicas", "2", "--max-restarts", "0", HELPER, str(tmp_path / "killed"), "30",
-                         "sparse", "10:1"], TIMEOUT)
-        alone.result()
-    killed, alone = _final(tmp_path / "killed"), _final(tmp_path / "alone")
+    killed, alone, output = _out_of_restarts_and_left_alone(tmp_path, ["--ps", "2", "--workers", "2", "--mode", "sync"],
+                                                            30, "sparse", "10:1")
     assert killed["global_step"] == alone["global_step"] == 30, output
     _assert_equal(killed["variables"], alone["variables"], "variables")
     _assert_equal(killed["tables"], alone["tables"], "tables")
@@ -215,14 +221,8 @@ def test_two_ps_tasks_lost_for_good_one_after_the_other_lose_nothing(tmp_path, m
     backup of it on ps task 2; then ps task 1 is killed too, and ps task 2 serves all three parts to the end, which
     is equal, update for update, to the job left alone."""
     monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
-    flags = ["--ps", "3", "--workers", "1"]
-    os.makedirs(tmp_path / "killed")
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        alone = pool.submit(_launch, flags, tmp_path / "alone", 40, "dense", "none")
-        output = launch([*flags, "--ps-replicas", "2", "--max-restarts", "0", HELPER, str(tmp_path / "killed"), "40",
-                         "dense", "10:0,25:1"], TIMEOUT)
-        alone.result()
-    killed, alone = _final(tmp_path / "killed"), _final(tmp_path / "alone")
+    killed, alone, output = _out_of_restarts_and_left_alone(tmp_path, ["--ps", "3", "--workers", "1"], 40, "dense",
+                                                            "10:0,25:1")
     assert killed["global_step"] == alone["global_step"] == 40, output
     _assert_equal(killed["variables"], alone["variables"], "variables")
     _assert_equal(killed["ps_state"], alone["ps_state"], "ps_state")

@@ -230,9 +230,14 @@ class Recovery:
     def _promote_onward(self, ch, gone: PSLost) -> Optional[str]:
         """The backup that served a lost task's part (promoted) is lost too: the next ps task round the ring, which
         it fed a mirror of the part, serves it now (None); without one, the part's own task is waited for (its call
-        name once back), as without replicas, or, when it will not be restarted, the job ends saying so."""
+        name once back), as without replicas, or, when it will not be restarted, the job ends saying so. A backup
+        that beats on only lost a connection: its own name comes back, and the caller connects to it again."""
         via, server = ch.via, self.server
-        onward = backup_of(task_of(via)[1], self.client.layout.num_ps)
+        via_task = task_of(via)[1]
+        if server.rpc_name_of("ps", via_task) == via and server.membership.beats_on(
+                "ps", via_task, server.context.ps_promote_after):
+            return via
+        onward = backup_of(via_task, self.client.layout.num_ps)
         if onward != gone.task and self._promote(gone, lost=via, at=onward):
             self._why[gone.task] = f"and then {via}, the backup that served its part, were lost"
             return None
