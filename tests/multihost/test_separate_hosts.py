@@ -196,25 +196,30 @@ def test_an_allreduce_host_cut_off_mid_run_ends_the_job_with_a_clear_error(hosts
     assert f"/job:worker/task:1 at {h[1].name}:2222 stopped answering" in procs[0].output, procs[0].output[-3000:]
 
 
-def test_a_mirrored_ps_host_lost_for_good_leaves_its_part_to_the_backup_and_the_job_finishes(hosts, tmp_path):
-    """`--ps-replicas 2`: ps 0's host goes down mid-run and is never started again; ps 1, on another host, serves
-    its part from then on, nothing acknowledged is lost, and every host left ends 0."""
+def test_mirrored_ps_hosts_lost_for_good_one_after_the_other_leave_their_parts_to_the_next_and_the_job_finishes(
+        hosts, tmp_path):
+    """`--ps-replicas 2`, three ps tasks on three hosts: ps 0's host goes down mid-run and never comes back, so ps 1
+    (another host) serves its part and feeds a mirror of it to ps 2 (the third host); then ps 1 is lost for good
+    too, and ps 2 serves all three parts. Nothing acknowledged is lost, and every task left ends 0."""
     data = _mnist()
-    h = hosts(3)  # ps 0 alone | the chief (the coordinator) and ps 1 | worker 1
-    cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222", f"{h[1].name}:2223"],
+    h = hosts(3)  # ps 0 | ps 1 and the chief (the coordinator) | ps 2 and worker 1
+    cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222", f"{h[1].name}:2223", f"{h[2].name}:2223"],
                                        "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
-    script = ["examples/mnist_ps.py", "--data", data, "--steps", "600"]
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "900"]
     flags = ["--ps-replicas", "2", "--max-restarts", "1"]
-    doomed = h.launch(h[0], cluster, "ps", 0, script, TOKEN, flags)
-    backup = h.launch(h[1], cluster, "ps", 1, script, TOKEN, flags)
+    ps = [h.launch(h[i], cluster, "ps", i, script, TOKEN, flags) for i in range(3)]
     chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)
     worker = h.launch(h[2], cluster, "worker", 1, script, TOKEN, flags)
     wait_until(lambda: re.search(r"step [1-9]\d\d/", chief.output), 180, "the chief to pass step 100")
-    doomed.kill()  # the launcher and its task: the host is gone for good
-    for p in (backup, chief, worker):
+    ps[0].kill()  # its launcher and task: the host is gone for good
+    wait_until(lambda: "its part is served by its backup" in chief.output, 60, "ps 0's part to be promoted")
+    ps[1].kill()  # the task that took ps 0's part over, gone for good too
+    for p in (ps[2], chief, worker):
         assert p.wait(240) == 0, p.output[-4000:]
-    assert "promoted its mirror of /job:ps/task:0's part" in backup.output, backup.output[-3000:]
+    assert re.search(r"promoted its mirror of /job:ps/task:0's part of \S+ \(in place of ps:0\)", ps[1].output)
+    assert re.search(r"promoted its mirror of /job:ps/task:0's part of \S+ \(in place of ps:1\)", ps[2].output)
+    assert re.search(r"promoted its mirror of /job:ps/task:1's part of \S+ \(in place of ps:1\)", ps[2].output)
     for p in (chief, worker):
-        assert re.search(r"/job:ps/task:0 was not back within [0-9.]+ s: its part is served by its backup \S+ "
-                         r"\(promoted\); going on at global step \d+; lost: nothing", p.output), p.output[-3000:]
+        assert re.search(r"/job:ps/task:0 and then ps:1, the backup that served its part, were lost: its part is served "
+                         r"by its backup ps:2 \(promoted\).*lost: nothing", p.output), p.output[-3000:]
     assert _accuracy(chief.output) >= 0.95
