@@ -6,7 +6,8 @@ the chief then puts it back while the others wait for that, and all go on. With 
 a training step in flight is finished exactly: each ps task that does not count this worker's push
 gets it again, the others answer the pull the step would have made. Otherwise, or when a part's
 every replica is lost, every ps task goes back to the newest checkpoint and the step in flight is
-lost with the ps. Any other wire operation is run again once the ps is back (`Recovery.guarded`).
+lost with the ps. Any other wire operation is run again once the ps is back (`Recovery.guarded`). A lost task
+not back in time, or not to be restarted, has its part served by a backup instead (`promotion.py`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from towerflow.cluster import transport as _transport
-from towerflow.cluster.membership import task_of
-from towerflow.errors import ClusterError, ClusterTimeoutError, ParameterServerError
+from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import Endpoints
-from towerflow.ps.replication_messages import backup_of, part_key
 from towerflow.ps.worker import from_mirrors
 from towerflow.ps.worker.client import PSClient, PSLost
+from towerflow.ps.worker.promotion import Promotion
 
 LOOK_BACK_EVERY_S = 1.0  # how often a worker asks whether a ps task whose backup serves its part is back (two store reads)
 
@@ -37,7 +37,7 @@ class Recovery:
         self.recoveries: List[dict] = []  # one entry per lost ps this worker went on after
         self.lost_with_chief: List[int] = []  # ps tasks a restarted chief found empty, until it restores them
         self._next_look = 0.0  # when to look again whether a ps task whose backup serves its part is back
-        self._why: Dict[int, str] = {}  # why a lost task's part is served by the task it is now, when not the usual
+        self.promotion = Promotion(client)
 
     def _say(self, text: str) -> None:
         print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
@@ -97,7 +97,7 @@ class Recovery:
             try:
                 return client.on_all(Endpoints.holds)
             except PSLost as lost:
-                if not self._served_by_backup(lost):
+                if not self.promotion.served_by_backup(lost):
                     self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
                 client.follow_restarts()  # a restarted one is asked next; a part its backup serves, there
 
@@ -146,7 +146,7 @@ class Recovery:
                 if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
                     self._say(f"lost /job:ps/task:{gone.task} at global step {before} ({gone.error}); waiting for "
                               "its restart")
-                back = self._wait_or_promote(gone)
+                back = self.promotion.wait_or_promote(gone)
                 (alive if back == gone.name else promoted if back is None else []).append(gone)
             self._connect_again(alive, seen)
             client.follow_restarts()
@@ -176,7 +176,7 @@ class Recovery:
                                     "promoted": sorted(g.task for g in promoted)})
             how = [f"{', '.join(f'/job:ps/task:{g.task}' for g in alive)} had not stopped (its heartbeats went on): "
                    "connected again"] if alive else []
-            how += [f"/job:ps/task:{g.task} {self._why_promoted(g.task)}: its part is served by its backup {ch.via} "
+            how += [f"/job:ps/task:{g.task} {self.promotion.why(g.task)}: its part is served by its backup {ch.via} "
                     "(promoted)" for g in promoted for ch in client.channels if ch.task == g.task]
             self._say(f"{'; '.join(how)}; going on at global step {client.global_step}; lost: nothing (what it had "
                       f"not counted is sent again); {took:.2f} s from seeing the loss to training again")
@@ -202,91 +202,6 @@ class Recovery:
             back_at = next((ch.to for ch in client.channels if ch.task == task), "?")
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
                       f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
-
-    def _wait_or_promote(self, gone: PSLost) -> Optional[str]:
-        """The lost task's call name once it is back (a restarted incarnation's, or its own when it lives on), or
-        None when its backup serves its part instead: with replicated shards, one not back within
-        `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is; one the launcher
-        will not restart (no restarts left) as soon as its heartbeats show it gone."""
-        server, cause = self.server, str(gone.error)
-        if self.client.ps_replicas > 1:
-            wait = server.context.ps_promote_after
-            ch = next(c for c in self.client.channels if c.task == gone.task)
-            if ch.via is not None and gone.name == ch.via:
-                return self._promote_onward(ch, gone)
-            if self._served_by_backup(gone):
-                return None  # another worker's wait ended first
-            if not server.membership.will_be_restarted("ps", gone.task):
-                if not server.membership.beats_on("ps", gone.task, wait) and self._promote(gone):
-                    return None
-            else:
-                try:
-                    return server.wait_for_restart("ps", gone.task, gone.name, cause, wait, alive_ok=True)
-                except ClusterTimeoutError:
-                    if self._promote(gone):
-                        return None
-        return server.wait_for_restart("ps", gone.task, gone.name, cause, alive_ok=True)
-
-    def _promote_onward(self, ch, gone: PSLost) -> Optional[str]:
-        """The backup that served a lost task's part (promoted) is lost too: the next ps task round the ring, which
-        it fed a mirror of the part, serves it now (None); without one, the part's own task is waited for (its call
-        name once back), as without replicas, or, when it will not be restarted, the job ends saying so. A backup
-        that beats on only lost a connection: its own name comes back, and the caller connects to it again."""
-        via, server = ch.via, self.server
-        via_task = task_of(via)[1]
-        if server.rpc_name_of("ps", via_task) == via and server.membership.beats_on(
-                "ps", via_task, server.context.ps_promote_after):
-            return via
-        onward = backup_of(via_task, self.client.layout.num_ps)
-        if onward != gone.task and self._promote(gone, lost=via, at=onward):
-            self._why[gone.task] = f"and then {via}, the backup that served its part, were lost"
-            return None
-        if not server.membership.will_be_restarted("ps", gone.task):
-            raise ParameterServerError(
-                f"/job:ps/task:{gone.task}'s part is lost: that task will not be restarted (no restarts left) and "
-                f"{via}, the backup that served its part, is gone too ({gone.error}), with no other ps task holding a "
-                "mirror of it. Restart the job from the newest checkpoint; with 3 or more ps tasks a promoted part "
-                "gets a backup of its own")
-        return server.wait_for_restart("ps", gone.task, ch.to, str(gone.error), alive_ok=True)
-
-    def _why_promoted(self, task: int) -> str:
-        if task in self._why:
-            return self._why.pop(task)
-        wait = self.server.context.ps_promote_after
-        if not self.server.membership.will_be_restarted("ps", task):
-            return f"will not be restarted (no restarts left) and was silent for {wait:g} s"
-        return f"was not back within {wait:g} s"
-
-    def _served_by_backup(self, gone: PSLost) -> bool:
-        """Whether the lost task's backup serves its part already (it stands in for the task: membership.stand_in);
-        then this worker calls the part there from now on, without waiting for a restart that may never come."""
-        return ("ps", gone.task) in self.server.membership.stood_in() and self._promote(gone)
-
-    def _promote(self, gone: PSLost, lost: Optional[str] = None, at: Optional[int] = None) -> bool:
-        """Ask the ps task `at` to serve the lost task's part in place of `lost` (`endpoints.promote`) and call it there
-        from now on; False when it cannot (its mirror does not stand for `lost`, or it is gone too). By default the
-        task that stands in for the lost one already, else its backup, in place of the lost incarnation itself."""
-        client = self.client
-        if at is None:
-            by = self.server.membership.stood_in_by("ps", gone.task)
-            at = task_of(by)[1] if by is not None else backup_of(gone.task, client.layout.num_ps)
-        backup = self.server.rpc_name_of("ps", at)
-        future = _transport.call_async(backup, Endpoints.promote,
-                                       args=(client.model_name, gone.task, gone.name if lost is None else lost))
-        try:
-            self.server.wait_watching(future, task=("ps", at))
-            if not future.wait():
-                return False
-        except ClusterError:  # the backup went silent too
-            return False
-        except RuntimeError as e:
-            if not _transport.is_peer_lost(e):
-                raise
-            return False
-        for ch in client.channels:
-            if ch.task == gone.task:
-                ch.serve_from(backup, part_key(client.model_name, gone.task))
-        return True
 
     def _connect_again(self, alive: List[PSLost], seen: float) -> None:
         """Lost ps tasks whose incarnation lives on (its heartbeats go on): the next calls open new connections, for
