@@ -67,7 +67,8 @@ def run(job: str, setting: str, args) -> float:
     if args.hosts == 3:
         from _replicas_hosts import run_on_hosts
 
-        return _rate(job, run_on_hosts(script, flags, {}, args.timeout))  # one torch thread per task there
+        wire = {"TOWERFLOW_WIRE_SECURITY": args.wire} if args.wire else {}
+        return _rate(job, run_on_hosts(script, flags, wire, args.timeout))  # one torch thread per task there
     launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", *flags, *script]
     done = subprocess.run(launch, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
@@ -88,12 +89,14 @@ def main(argv=None) -> dict:
     p.add_argument("--settings", default="1,2", help="comma-separated R or R@LAG (--ps-replicas R --ps-replica-lag LAG)")
     p.add_argument("--hosts", type=int, default=1, choices=(1, 3),
                    help="3: on three network-namespace hosts (root), each part's mirror on another host")
+    p.add_argument("--wire", choices=("encrypt", "authenticate"), default=None,
+                   help="with --hosts 3: TOWERFLOW_WIRE_SECURITY for every task (default: encrypt, as across hosts)")
     p.add_argument("--out", default=os.path.join(RESULTS, "ps_replicas.json"))
     args = p.parse_args(argv)
     settings = args.settings.split(",")
     for setting in settings:
         _setting(setting)  # a bad one fails before any launch
-    results = {"hosts": args.hosts, "loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    results = {"hosts": args.hosts, "wire": args.wire, "loadavg_before": os.getloadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "python": sys.version.split()[0], "runs": {}}
     for job in args.jobs.split(","):
         rates = {s: [] for s in settings}
