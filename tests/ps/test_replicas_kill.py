@@ -219,12 +219,13 @@ def test_a_ps_task_with_no_restarts_left_is_left_to_its_backup_and_the_job_ends_
 def test_two_ps_tasks_lost_for_good_one_after_the_other_lose_nothing(tmp_path, monkeypatch):
     """Three ps tasks, `--max-restarts 0`: ps task 0 is killed and its part promoted on ps task 1, which seeds a
     backup of it on ps task 2; then ps task 1 is killed too, and ps task 2 serves all three parts to the end, which
-    is equal, update for update, to the job left alone."""
+    is equal, update for update, to the job left alone (a dense head, a fixed table and a hash vocabulary)."""
     monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
-    killed, alone, output = _out_of_restarts_and_left_alone(tmp_path, ["--ps", "3", "--workers", "1"], 40, "dense",
+    killed, alone, output = _out_of_restarts_and_left_alone(tmp_path, ["--ps", "3", "--workers", "1"], 40, "tables",
                                                             "10:0,25:1")
     assert killed["global_step"] == alone["global_step"] == 40, output
     _assert_equal(killed["variables"], alone["variables"], "variables")
+    _assert_equal(killed["tables"], alone["tables"], "tables")
     _assert_equal(killed["ps_state"], alone["ps_state"], "ps_state")
     assert output.count("leaving it lost") == 2 and "restarting it" not in output, output
     assert "promoted its mirror of /job:ps/task:0's part of 'model' (in place of ps:0)" in output, output
