@@ -12,7 +12,7 @@ interleaved (1, 2, 1, 2, ...) so both see the same machine load:
 
 `--hosts 3` runs each launch on three network-namespace hosts (root; benchmarks/_replicas_hosts.py): ps 0
 alone, ps 1 beside worker 0, worker 1 on the third, so that every mirror is on another host (the wire's
-default across hosts: encrypted). `--settings 1,2,2@64` adds a setting with asynchronous replication (`--ps-replica-lag 64`); the settings
+default across hosts: encrypted; `--wire authenticate` for authentication alone). `--settings 1,2,2@64` adds a setting with asynchronous replication (`--ps-replica-lag 64`); the settings
 rotate from launch to launch. Prints each launch's rate, the medians and each setting's ratio to the
 first, with the load average before and after, and writes the raw numbers to
 benchmarks/results/ps_replicas.json (atomically).
