@@ -145,7 +145,7 @@ class _Server:
         self.beats_watched = []
         self.membership = types.SimpleNamespace(
             join_timeout=60.0, stood_in=lambda: frozenset(stood_in), incarnation_of=lambda job, task: restarts_used,
-            stood_in_by=lambda job, task: f"/job:{job}/task:{task + 1}" if (job, task) in stood_in else None,
+            stood_in_by=lambda job, task: f"{job}:{task + 1}" if (job, task) in stood_in else None,
             will_be_restarted=lambda job, task: restarts_used < max_restarts,
             beats_on=lambda job, task, within: self.beats_watched.append((task, within)) or beating)
         self.context = types.SimpleNamespace(ps_promote_after=5.0)

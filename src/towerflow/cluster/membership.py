@@ -33,10 +33,7 @@ def rpc_name(job: str, index: int, incarnation: int = 0) -> str:
 
 
 def task_of(name: str) -> Tuple[str, int]:
-    """(job, index) of a task's name ('/job:ps/task:1') or of an incarnation's call name ('ps:1:r2', `rpc_name`)."""
-    if name.startswith("/job:"):
-        job, task = name[len("/job:"):].split("/task:")
-        return job, int(task)
+    """(job, index) of an incarnation's call name ('ps:1:r2', `rpc_name`)."""
     job, index = name.split(":")[:2]
     return job, int(index)
 
@@ -213,7 +210,7 @@ class Membership:
         return self._marks[1], self._marks[2]
 
     def stood_in_by(self, job: str, index: int) -> Optional[str]:
-        """The name of the task that does task (job, index)'s work now, as `stand_in` was given it, or None."""
+        """The call name of the task that does task (job, index)'s work now (`stand_in`), or None."""
         key = self.rendezvous.key("stood_in", job, index)
         return self._store.get(key).decode() if self._store.check([key]) else None
 

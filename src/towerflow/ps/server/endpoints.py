@@ -22,6 +22,7 @@ from towerflow.cluster import server as _server
 from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import shm_ring as _shm_ring
 from towerflow.cluster import transport as _transport
+from towerflow.cluster.membership import rpc_name
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
 from towerflow.ps.replication_messages import (PROMOTED, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
@@ -171,7 +172,8 @@ def promote(model: str, primary: int, lost: str) -> bool:
             return True  # two workers asked at once: the other call serves it, and says so
         _services.setdefault(key, service)
         _opened.add(key)
-    server.membership.stand_in("ps", primary, server.name)  # nobody waits for `lost` now: its host may never return
+    me = rpc_name("ps", server.task_index, server.incarnation)
+    server.membership.stand_in("ps", primary, me)  # nobody waits for `lost` now: its host may never return
     print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
           f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
     onward = backup_of(server.task_index, server.cluster.num_tasks("ps"))
