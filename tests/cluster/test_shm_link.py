@@ -6,7 +6,9 @@ in a temporary folder instead of /dev/shm, which changes nothing else.
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 
 import pytest
 import torch
@@ -143,3 +145,15 @@ def test_a_link_that_does_not_fit_fails_at_once_and_leaves_nothing(tmp_path, mon
     with pytest.raises(OSError, match="No space left"):
         shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_a_link_dropped_unclosed_hangs_up_on_its_server(tmp_path):
+    """A caller whose thread ended without closing its link (a ps's link thread to a part given back): the server's
+    loop still sees the end, and its `on_end` runs."""
+    ended = threading.Event()
+    client = shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
+    assert shm_link.serve(client.offer, _double, on_end=ended.set)
+    client.connect()
+    del client
+    gc.collect()
+    assert ended.wait(10), "the server's loop never saw the link end"

@@ -166,16 +166,17 @@ def test_connections_cut_to_ps_tasks_that_live_on_lose_no_update(tmp_path, monke
 
 
 def test_a_ps_task_that_stops_answering_is_replaced_by_its_backup_and_nothing_is_lost(tmp_path, monkeypatch):
-    """ps task 1 freezes (SIGSTOP: a host that stops answering) and is not restarted: once ZeroMQ's heartbeats give
-    it up and the promotion wait passes, its backup (ps task 0) serves its part and training goes on, for longer
-    than a restart may take (the chief naps while worker 1 waits on the ps: nobody waits for the frozen task any
-    more); when it is killed and restarted, the chief gives the part back to it from the backup, and the job ends
-    equal, update for update, to one left alone."""
+    """ps task 1 of three freezes (SIGSTOP: a host that stops answering) and is not restarted: once ZeroMQ's
+    heartbeats give it up and the promotion wait passes, its backup (ps task 2) serves its part, with a mirror of it
+    on ps task 0, and training goes on, for longer than a restart may take (the chief naps while worker 1 waits on
+    the ps: nobody waits for the frozen task any more); when it is killed and restarted, the chief gives the part
+    back to it from the backup, ps task 0 lets go of the mirror it held of the part, and the job ends equal, update
+    for update, to one left alone."""
     monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")  # steps and replication over TCP, where a silent peer is noticed
     monkeypatch.setenv("TOWERFLOW_HEARTBEAT_TIMEOUT", "4")
     monkeypatch.setenv("TOWERFLOW_JOIN_TIMEOUT", "8")  # a lost task is given up after 4 + 8 s of silence
     monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
-    killed, alone, output = _killed_and_left_alone(tmp_path, ["--ps", "2", "--workers", "2", "--mode", "sync"], 40,
+    killed, alone, output = _killed_and_left_alone(tmp_path, ["--ps", "3", "--workers", "2", "--mode", "sync"], 40,
                                                    "dense", "5:stop1,15:nap15,25:1+wait")
     assert killed["global_step"] == alone["global_step"] == 40, output
     assert output.count("restarting it") == 1 and "/job:ps/task:1 (pid" in output, output  # no worker failed
@@ -186,6 +187,7 @@ def test_a_ps_task_that_stops_answering_is_replaced_by_its_backup_and_nothing_is
     assert back["from_mirrors"] and back["steps_lost"] == 0, output
     assert "promoted its mirror of /job:ps/task:1's part" in output and "its part is served by its backup" in output
     assert "gives /job:ps/task:1's part of 'model' back" in output, output
+    assert "drops its mirror of /job:ps/task:1's part of 'model@1'" in output, output
 
 
 def _out_of_restarts_and_left_alone(tmp_path, flags, steps, model, kills):

@@ -228,6 +228,12 @@ class LinkClient:
         self._closed = why
         return LinkClosed(why)
 
+    def __del__(self) -> None:  # a link dropped unclosed (its thread ended) must still hang up on its server
+        try:
+            self.close()
+        except Exception:
+            pass
+
     def close(self) -> None:
         """Stop using the link: later calls fail, the server's loop sees end of file."""
         self.unlink()

@@ -119,3 +119,8 @@ class RingReader(_Ring):
     def close(self) -> None:
         """Take no more records; the writer's next `put` sees it (`RingWriter.closed`)."""
         self.control[_CLOSED] = 1
+
+    def let_go(self) -> None:
+        """Unmap this end (closed first): the memory goes back once the writer lets go of its end too."""
+        self.close()
+        self.records, self.heads, self.control = [], None, None

@@ -187,7 +187,13 @@ class SeedOp:
     snapshot: ServiceSnapshot
 
 
-ReplicaOp = Union[PushOp, FinishOp, RejoinOp, LoadStateOp, RowsReadOp, SeedOp]
+@dataclasses.dataclass(frozen=True)
+class DropOp:
+    """The part is no longer served by the sender (a promoted backup gave it back to its primary): the mirror it fed
+    stands for nothing now, and its memory is let go."""
+
+
+ReplicaOp = Union[PushOp, FinishOp, RejoinOp, LoadStateOp, RowsReadOp, SeedOp, DropOp]
 
 
 @dataclasses.dataclass(frozen=True)

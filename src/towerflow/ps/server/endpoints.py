@@ -25,7 +25,7 @@ from towerflow.cluster import transport as _transport
 from towerflow.cluster.membership import rpc_name
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
-from towerflow.ps.replication_messages import (PROMOTED, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
+from towerflow.ps.replication_messages import (PROMOTED, DropOp, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
                                                move_key, part_key, unreplicated_key)
 from towerflow.ps.server import linked as _linked
 from towerflow.ps.server import mirror_link as _mirror_link
@@ -45,6 +45,7 @@ _opened: set = set()  # models the chief has initialized; workers start only the
 _restored: Dict[str, set] = collections.defaultdict(set)
 _restore_waits: Dict[tuple, List[torch.futures.Future]] = collections.defaultdict(list)
 _mirrors: Dict[tuple, Mirror] = {}  # (model, primary task) -> this task's mirror of that primary's part
+_dropped: set = set()  # (part key, primary task, sender): feeds of mirrors dropped here (`_drop_mirror`)
 _registry_lock = threading.Lock()
 
 
@@ -107,10 +108,37 @@ def _mirror(model: str, primary: int) -> Mirror:
 def replicate(frame: ReplicaFrame) -> torch.futures.Future:
     """A primary's op for the mirror of its part held here (`mirror.py`): a future of the last op number it holds
     in order (the primary's acknowledgement)."""
+    feed = (frame.model, frame.primary, frame.sender)
+    if isinstance(frame.op, SeedOp):
+        _dropped.discard(feed)  # the same backup serving the part again, promoted anew
+    elif isinstance(frame.op, DropOp) or feed in _dropped:
+        return _drop_mirror(frame)
     mirror = _mirror(frame.model, frame.primary)
     if isinstance(frame.op, SeedOp) and not mirror.stands_in_for(frame.sender):
         _stop_serving(frame.model, frame.primary)  # a new primary incarnation: a part served here in its place is over
     return mirror.receive(frame)
+
+
+def _drop_mirror(frame: ReplicaFrame) -> torch.futures.Future:
+    """The promoted backup `frame.sender` gave the part back (`DropOp`), or sends late after it did: let go of the
+    mirror it fed here; its later frames are refused."""
+    future: torch.futures.Future = torch.futures.Future()
+    key = (frame.model, frame.primary)
+    with _registry_lock:
+        _dropped.add((*key, frame.sender))
+        mirror = _mirrors.get(key)
+    if mirror is not None and mirror.drop(frame.sender):
+        with _registry_lock:
+            if _mirrors.get(key) is mirror:
+                del _mirrors[key]
+        print(f"towerflow: {_server.current().name}: drops its mirror of /job:ps/task:{frame.primary}'s part of "
+              f"{frame.model!r}: {frame.sender}, which fed it, gave the part back", file=sys.stderr, flush=True)
+    if isinstance(frame.op, DropOp):
+        future.set_result(frame.seq)
+    else:
+        future.set_exception(ParameterServerError(f"{frame.sender} gave /job:ps/task:{frame.primary}'s part of "
+                                                  f"{frame.model!r} back: this task mirrors it for it no more"))
+    return future
 
 
 def attach_mirror_link(model: str, primary: int, offer: _shm_link.LinkOffer, ring: Optional[_shm_ring.RingOffer] = None,
@@ -192,6 +220,9 @@ def _stop_serving(model: str, primary: int) -> Optional[Mirror]:
         _opened.discard(key)
         mirrors = _mirrors_of(model, primary)
     mirror = next((m for m in mirrors if m.promoted), None)
+    retire_feed = getattr(served.replica, "retire", None) if served is not None else None
+    if retire_feed is not None:
+        retire_feed()  # its onward backup lets go of the mirror it held of the part
     if served is None or mirror is None or not mirror.retire():
         return None
     server = _server.current()

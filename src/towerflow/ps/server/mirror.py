@@ -17,7 +17,8 @@ leaves them to that one): no thread of its own, so no wake-up per op.
 Promoted (`promote`), the mirror's service serves the lost primary's part itself, and the mirror refuses
 every later op of that incarnation: one cut off but alive learns that it was replaced (its replication
 marks the store, finds the promotion and stops) instead of forking the part. The chief's read of the
-state (`retire`), or a new incarnation's seed, ends it.
+state (`retire`), or a new incarnation's seed, ends it. A mirror fed by a promoted backup is dropped once that
+backup gives the part back (`drop`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from towerflow.cluster.shm_ring import RingReader
 from towerflow.errors import ParameterServerError
-from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, FinishOp, LoadStateOp, MirrorState, PushOp,
+from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, DropOp, FinishOp, LoadStateOp, MirrorState, PushOp,
                                                RejoinOp, ReplicaFrame, ReplicaOp, RowsReadOp, SeedOp, op_nbytes)
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.mirror_link import push_frame
@@ -97,6 +98,10 @@ class Mirror:
         """Hold `frame`, apply what is ready (unless another thread does), and answer with a future of the last
         number held in order."""
         future: torch.futures.Future = torch.futures.Future()
+        if isinstance(frame.op, DropOp):  # its feeder gave the part back: nothing this mirror holds is wanted
+            self.drop(frame.sender)
+            future.set_result(frame.seq)
+            return future
         with self._lock:
             if self.promoted and (not isinstance(frame.op, SeedOp) or frame.sender == self.fed_by):
                 future.set_exception(ParameterServerError(
@@ -178,6 +183,22 @@ class Mirror:
         lost, or by a process that was only frozen), not a new primary taking the part back."""
         with self._lock:
             return self.promoted and sender == self.fed_by
+
+    def drop(self, sender: str) -> bool:
+        """Let go of the state and the rings: `sender`, which fed this mirror, serves the part no more (it gave it
+        back to its primary); False, keeping everything, when another incarnation feeds it or it serves the part."""
+        with self._lock:
+            if self.promoted or sender != self.fed_by:
+                return False
+            rings = [ring for _, ring in self._rings]
+            self._close_rings(keep=None)
+            self.service, self.error = None, None
+            self._early.clear()
+            self._queue.clear()
+            self._queued_bytes = 0
+        for ring in rings:
+            ring.let_go()
+        return True
 
     def retire(self) -> bool:
         """Stop serving in the primary's place (the chief takes the part back); whether it was promoted."""

@@ -43,8 +43,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
-from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, PushOp, ReplicaFrame, ReplicaOp,
-                                               SeedOp, ServiceSnapshot, op_nbytes)
+from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, DropOp, PushOp, ReplicaFrame,
+                                               ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes)
+from towerflow.ps.server.own_connections import OwnConnections
 from towerflow.ps.server.replies import Released, complete as _complete
 
 
@@ -102,8 +103,7 @@ class Replicator:
         # A thread's own connection has its acks read by that thread alone, when its next reply needs them; a reply
         # allowed to run ahead may then wait for an ack another thread holds unread while that thread's worker
         # waits for its own reply. With a lag every op goes by `call`, whose acks complete as they arrive.
-        self._direct = None if max_lag else direct
-        self._local = threading.local()  # per thread: its direct connections, and the acks it has still to read
+        self._own = OwnConnections(direct, self._say) if direct is not None and not max_lag else None
         self._pushes: Dict[int, Tuple[int, int]] = {}  # worker -> numbers of its (previous, last) push sent
         self._mark = mark_unreplicated or (lambda on: True)
         self._fenced = fenced or (lambda why: self._say(f"fenced: {why}"))
@@ -113,6 +113,7 @@ class Replicator:
         self._refresh_after = 0  # bytes of ops after which the backup is seeded anew (0: never; module docstring)
         self._since_seed = 0  # bytes of ops forwarded since the last seed
         self.refreshes = 0
+        self.retired = False  # the part is served here no more (`retire`)
 
     # ---- under the service's lock
     def forward(self, op: ReplicaOp) -> None:
@@ -124,7 +125,7 @@ class Replicator:
             self._pushes[op.worker] = (self._pushes.get(op.worker, (0, 0))[1], self.seq)
             self._since_seed += op_nbytes(op)
         frame = ReplicaFrame(self.model, self.task, self.sender, self.seq, op)
-        send = self._direct_to(self.backup)
+        send = self._own.to(self.backup) if self._own is not None else None
         if not send:
             self._send(self.backup, frame)
             return
@@ -132,67 +133,23 @@ class Replicator:
         try:
             call = send(frame)
         except Exception as error:
-            self._drop_direct(self.backup)
+            self._own.drop(self.backup)
             self._backup_failed(self.backup, error)
             return
-        self._local.pending.append((self.backup, frame.seq, call))
-
-    def _direct_to(self, to: str):
-        """This thread's own connection to `to` when it has one (under the service's lock: opening one waits for
-        the backup, whose answer the messaging thread may be unable to take while it waits for this lock: it is
-        opened in `_open_direct`, off the lock, after the first op went the shared way)."""
-        if self._direct is None:
-            return None
-        local = self._local
-        if not hasattr(local, "channels"):
-            local.channels, local.pending, local.wants = {}, [], None
-        send = local.channels.get(to)
-        if send is None:
-            local.wants = to
-        return send
-
-    def _open_direct(self) -> None:
-        local = self._local
-        to = getattr(local, "wants", None)
-        if to is None:
-            return
-        local.wants = None
-        if to != self.backup:  # lost meanwhile
-            return
-        try:
-            send = self._direct(to)
-        except Exception as error:  # the backup went meanwhile: the next op's call says so
-            self._say(f"could not open a direct connection to the backup {to} ({error}); ops go by the messaging thread")
-            send = None
-        local.channels[to] = send or False  # False: this thread sends by the messaging thread
+        self._own.sent(self.backup, frame.seq, call)
 
     def _read_own_acks(self, upto: int) -> None:
-        """Read the acks of the ops this thread sent on its own connections (outside the service's lock): every
-        one but the last (they have most likely arrived; another thread's reply may wait for them), and the last
-        too when its number is at most `upto`."""
-        pending = getattr(self._local, "pending", None)
-        if not pending:
+        """Read the acks of the ops this thread sent on its own connections (outside the service's lock)."""
+        if self._own is None:
             return
-        keep = [] if pending[-1][1] <= upto else pending[-1:]
-        self._local.pending = keep
-        for to, seq, call in pending[:len(pending) - len(keep)]:
+        for to, seq, call in self._own.unread(upto):
             try:
                 reached = int(call.result())
             except Exception as error:
-                self._drop_direct(to)
+                self._own.drop(to)
                 self._backup_failed(to, error)
                 continue
             self._acked(to, reached, seq if getattr(call, "op_held", False) else None)
-
-    def _drop_direct(self, to: str) -> None:
-        """Close this thread's own connection to the lost backup `to` (dropped unclosed, its sockets would linger)."""
-        send = self._local.channels.pop(to, None)
-        close = getattr(send, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:  # closing a connection to a task that is gone: nothing left to save
-                pass
 
     def _send(self, to: str, frame: ReplicaFrame) -> None:
         self.forwarded += 1
@@ -205,7 +162,8 @@ class Replicator:
         or every op so far for a reply to no worker; now, when it does or there is no backup to wait for."""
         gates = [self._gate(worker) for _, _, worker in released]
         self._read_own_acks(max(gates, default=0))
-        self._open_direct()
+        if self._own is not None:
+            self._own.open_wanted(self.backup)
         backup = self.backup
         if self._refresh_after and self._since_seed >= self._refresh_after and backup is not None:
             self.seed(backup, refresh=True)
@@ -312,6 +270,8 @@ class Replicator:
         taken under the service's lock). Only the news that it will not be restarted ends the watch: a store that
         failed is asked again, and a seed that fails starts the next watch."""
         with self._lock:
+            if self.retired:
+                return
             if self._watching:  # the seed this watch sends failed already: watch again once it is done
                 self._watch_again = (lost_name, cause)
                 return
@@ -356,8 +316,8 @@ class Replicator:
         """Make `to` the backup: send it a snapshot of the whole state, then forward every later op (`refresh`: it is
         the backup, seeded anew so that it need not apply the ops before)."""
         with self._service_lock:
-            if refresh and (self.backup != to or self._since_seed < self._refresh_after):
-                return  # lost meanwhile, or another thread refreshed it
+            if self.retired or refresh and (self.backup != to or self._since_seed < self._refresh_after):
+                return  # given back, lost meanwhile, or another thread refreshed it
             snapshot = self._snapshot()
             size = snapshot.nbytes()
             small = size and REFRESH_FACTOR * size <= MIRROR_HOLD_BYTES // 2
@@ -374,6 +334,20 @@ class Replicator:
                 self.degraded_since = None
                 seq = self.seq
             self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot)))
+
+    def retire(self) -> None:
+        """The part is served here no more (a promoted backup gave it back to its primary): forward nothing again, let
+        the replies held go, and tell the backup to drop the mirror this task fed (`DropOp`)."""
+        with self._service_lock, self._lock:  # no op is being numbered meanwhile
+            self.retired = True
+            backup, self.backup = self.backup, None
+            self.seq += 1
+            seq = self.seq
+            ready = [r for _, _, released in self._held for r in released]
+            self._held = []
+        _complete(ready)
+        if backup is not None:
+            self._send(backup, ReplicaFrame(self.model, self.task, self.sender, seq, DropOp()))
 
     # ---- reporting
     @property
