@@ -1,7 +1,8 @@
 """`--ps-replicas 2` under SIGKILL: a job whose ps tasks are killed ends with exactly the ps values of the
 same job left alone, update for update (tests/ps/_replica_train.py: one worker async, or two in sync, on
 seeded batches; the chief kills ps tasks early, mid-run and after a checkpoint). And a part whose every
-replica is lost falls back to the newest checkpoint, with the loss reported."""
+replica is lost falls back to the newest checkpoint, with the loss reported; a ps task lost during a restore, with
+mirrors and without, is waited for and the restore runs again."""
 
 from __future__ import annotations
 
@@ -188,6 +189,37 @@ def test_a_ps_task_that_stops_answering_is_replaced_by_its_backup_and_nothing_is
     assert "promoted its mirror of /job:ps/task:1's part" in output and "its part is served by its backup" in output
     assert "gives /job:ps/task:1's part of 'model' back" in output, output
     assert "drops its mirror of /job:ps/task:1's part of 'model@1'" in output, output
+
+
+def test_ps_tasks_lost_during_a_restore_lose_nothing(tmp_path):
+    """Four ps tasks, one worker: ps task 0 is killed, and ps task 2 as the chief begins to restore it; later ps task 1
+    is killed, and ps task 3 right after the chief sent the first part of that restore. Each time the restore starts
+    again once every lost task is back, each part comes from its mirror, and the job ends equal, update for update,
+    to one left alone."""
+    killed, alone, output = _killed_and_left_alone(tmp_path, ["--ps", "4", "--workers", "1"], 30, "dense",
+                                                   "8:0+restore2,20:1+create3")
+    assert killed["global_step"] == alone["global_step"] == 30, output
+    _assert_equal(killed["variables"], alone["variables"], "variables")
+    _assert_equal(killed["ps_state"], alone["ps_state"], "ps_state")
+    assert "killed ps task 2" in output and "as the restore began" in output, output
+    assert "killed ps task 3" in output and "after the restore sent its first part" in output, output
+    assert [sorted(r["ps_task"]) for r in killed["recoveries"]] == [[0, 2], [1, 3]], killed["recoveries"]
+    assert all(r["from_mirrors"] and r["steps_lost"] == 0 for r in killed["recoveries"]), killed["recoveries"]
+
+
+def test_a_ps_task_lost_while_every_task_is_restored_from_the_checkpoint_comes_back_too(tmp_path):
+    """Without replicas: ps task 0 is killed after step 22, and ps task 1 right after the chief sent ps task 0 its
+    part of the checkpoint of step 20. The restore starts again once both are back, and the job ends saying what it
+    lost since that checkpoint, once."""
+    output = launch(["--ps", "2", "--workers", "1", "--ps-replicas", "1", "--max-restarts", "3", HELPER, str(tmp_path),
+                     "30", "dense", "22:0+create1"], TIMEOUT)
+    assert "killed ps task 1" in output and "after the restore sent its first part" in output, output
+    final = _final(tmp_path)
+    (record,) = final["recoveries"]
+    assert record["ps_task"] == [0, 1] and record["checkpoint"].endswith("ckpt-0000000020.pt"), record
+    assert record["steps_lost"] == record["lost_at_step"] - 20 >= 2, record
+    assert 30 - record["steps_lost"] - 1 <= final["global_step"] <= 30 - record["steps_lost"], (final["global_step"], record)
+    assert output.count("waiting for its restart") == 2, output  # each loss said once
 
 
 def _out_of_restarts_and_left_alone(tmp_path, flags, steps, model, kills):

@@ -140,10 +140,12 @@ class Recovery:
         sent, clock = {ch.task: ch.pushes for ch in client.channels}, client.pushes  # before a rejoin resets them
         lost_tasks = {lost.task: lost}
         pushes_lost = 0  # with asynchronous replication: pushes the restored mirror lacked beyond those kept
+        said = set()
         while True:
             alive, promoted = [], []
             for gone in lost_tasks.values():
-                if self.server.max_restarts:  # else wait_for_restart raises at once, and that error says it all
+                if self.server.max_restarts and gone.name not in said:  # else wait_for_restart raises at once, and
+                    said.add(gone.name)  # that error says it all
                     self._say(f"lost /job:ps/task:{gone.task} at global step {before} ({gone.error}); waiting for "
                               "its restart")
                 back = self.promotion.wait_or_promote(gone)
