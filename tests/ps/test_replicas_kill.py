@@ -222,6 +222,24 @@ def test_a_ps_task_lost_while_every_task_is_restored_from_the_checkpoint_comes_b
     assert output.count("waiting for its restart") == 2, output  # each loss said once
 
 
+def test_a_worker_that_prefetches_loses_no_update_when_ps_tasks_are_killed(tmp_path, monkeypatch):
+    """`prefetch=True` (the next values pulled while the worker computes: one push more in flight), steps and
+    replication over TCP: each killed ps task comes back from its mirror with every push the worker could not send
+    again, and the job counts every push once, as the run left alone does. The values differ from that run's: a
+    restore drops the values fetched ahead, so the next step computes on newer ones."""
+    monkeypatch.setenv("REPLICA_TRAIN_PREFETCH", "1")
+    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")
+    killed, alone, output = _killed_and_left_alone(tmp_path, ["--ps", "2", "--workers", "1"], 40, "dense", "10:0,25:1")
+    assert killed["global_step"] == alone["global_step"] == 40, output
+    for task in (0, 1):
+        mine, theirs = killed["ps_state"]["ps"][task], alone["ps_state"]["ps"][task]
+        assert mine["clocks"] == theirs["clocks"] == {0: 40}, output
+        steps = [s["step"] for s in mine["optimizer"]["state"].values()]
+        assert steps and all(float(step) == 40 for step in steps), steps  # Adam applied each push once
+    assert [r["ps_task"] for r in killed["recoveries"]] == [0, 1], output
+    assert all(r["from_mirrors"] and r["steps_lost"] == 0 for r in killed["recoveries"]), killed["recoveries"]
+
+
 def _out_of_restarts_and_left_alone(tmp_path, flags, steps, model, kills):
     """The job launched with `--max-restarts 0` and `kills`, beside the same job left alone (with restarts, which it
     never uses); (killed run's final, reference final, killed run's output)."""

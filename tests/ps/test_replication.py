@@ -170,6 +170,23 @@ def test_sync_held_gradients_finish_and_rejoin_replicate_in_order():
     assert primary.coordinator.global_step == 2
 
 
+def test_for_workers_that_prefetch_a_reply_waits_for_the_push_it_answers():
+    """A prefetching worker sends its next push before it reads this reply, so it could not send this push again
+    after a restore: the reply waits until the backup holds it (not only the one before)."""
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    _replicated(primary, link, own_push=True)
+    first = primary.push_pull(PushPull(0, Ticket(0), _grads(primary, 0), 0.1, 1))
+    assert not first.done()  # its own push is not at the backup yet
+    link.flush()
+    assert first.done()
+    second = primary.push_pull(PushPull(0, first.value().pulled.ticket, _grads(primary, 1), 0.1, 2))
+    assert not second.done()
+    link.flush()
+    assert second.done()
+    _same(primary, link.mirrors["ps:1"])
+
+
 def test_ssp_and_local_step_deltas_replicate():
     link = FakeLink()
     primary = _service(SSPPolicy(1), num_workers=2)

@@ -116,6 +116,7 @@ class CreateShards:
     backup_task: Optional[int] = None  # --ps-replicas 2: the ps task that mirrors this one's part
     snapshot: Optional[Any] = None  # a ServiceSnapshot from the mirror: restore a lost primary to it
     replica_lag: int = 0  # ops a reply may run ahead of the backup's acks (0: a reply waits, as docs/fault-tolerance.md)
+    workers_prefetch: bool = False  # workers pull a step ahead: a reply waits until the backup holds the push it answers
 
 
 @dataclasses.dataclass(frozen=True)

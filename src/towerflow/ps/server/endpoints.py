@@ -88,7 +88,7 @@ def create(model: str, request: CreateShards) -> int:
         step = service.coordinator.global_step
     if request.backup_task is not None and not is_part_key(model):  # a part served while promoted has no backup
         _to_backup.replicate(model, request.task, service, request.backup_task, reseed=request.snapshot is not None,
-                             max_lag=request.replica_lag)
+                             max_lag=request.replica_lag, own_push=request.workers_prefetch)
     if request.open_now:
         open_model(model)
     for incarnation in request.restored_for:
@@ -208,7 +208,8 @@ def promote(model: str, primary: int, lost: str) -> bool:
     if onward != primary and ("ps", onward) not in server.membership.stood_in():  # else no other task is left for it
         own = _services.get(model)
         _to_backup.replicate(key, primary, service, onward, reseed=False, serving=server.task_index,
-                             max_lag=getattr(own.replica, "max_lag", 0) if own is not None else 0)
+                             max_lag=getattr(own.replica, "max_lag", 0) if own is not None else 0,
+                             own_push=getattr(own.replica, "own_push", False) if own is not None else False)
     return True
 
 

@@ -11,7 +11,9 @@ What must the backup hold before a worker hears back? Every op the reply shows t
 send again. A worker keeps its last two pushes (`Channel.sent`), sends again after a restore the ones
 the mirror lacks (`ps/worker/recovery.py`), and lets go of a push only after the reply to its next one.
 So the reply to a worker's push or pull waits for the backup to hold that worker's previous push (the
-acks are cumulative); the ack of the push itself comes back while the worker computes. Replies that
+acks are cumulative); the ack of the push itself comes back while the worker computes. A worker that prefetches
+has one push more in flight when it sends the next (it reads a step's reply after sending the step after), so
+for such workers (`own_push`) the reply waits for the push it answers, while they compute anyway. Replies that
 nobody could send again (a finish, a load, a read that admitted hash ids) wait for every op sent so
 far. A primary whose whole state is small (no tables) seeds its mirror anew after `REFRESH_FACTOR`
 times its state's bytes of ops, so that the backup holds the ops in between without applying them
@@ -74,7 +76,7 @@ class Replicator:
                  snapshot: Callable[[], ServiceSnapshot], call: Callable[[str, ReplicaFrame], torch.futures.Future],
                  is_lost: Callable[[BaseException], bool], wait_for_restart: Callable[[int, str, str], str],
                  say: Optional[Callable[[str], None]] = None, direct: Optional[Callable[[str], object]] = None,
-                 max_lag: int = 0, mark_unreplicated: Optional[Callable[[bool], bool]] = None,
+                 max_lag: int = 0, own_push: bool = False, mark_unreplicated: Optional[Callable[[bool], bool]] = None,
                  reconnect: Optional[Callable[[str], None]] = None, fenced: Optional[Callable[[str], None]] = None):
         self.model, self.task, self.sender, self.backup_task = model, task, sender, backup_task
         self._service_lock = lock
@@ -84,6 +86,7 @@ class Replicator:
         self._wait_for_restart = wait_for_restart
         self._say = say or (lambda text: print(f"towerflow: {sender}: {text}", file=sys.stderr, flush=True))
         self.max_lag = max_lag  # how many ops a worker's reply may run ahead of the backup's acks (0: none)
+        self.own_push = own_push  # a worker's reply waits for the push it answers, not the one before (prefetch)
         self.backup: Optional[str] = None  # the backup incarnation's call name while replicating, else None
         self.seq = 0  # the number of the last op sent
         self.acked = 0  # the backup holds every op up to this number
@@ -182,8 +185,9 @@ class Replicator:
         """The op the backup must have acknowledged before this reply goes."""
         if worker is None:
             return self.seq
-        previous = self._pushes.get(worker, (0, 0))[0]
-        return min(previous, self.seq - self.max_lag) if self.max_lag else previous
+        previous, last = self._pushes.get(worker, (0, 0))
+        kept = last if self.own_push else previous  # the newest push the worker could not send again
+        return min(kept, self.seq - self.max_lag) if self.max_lag else kept
 
     def settled(self, value: object) -> torch.futures.Future:
         """A future of `value` that completes once the backup holds every op sent so far."""

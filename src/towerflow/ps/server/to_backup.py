@@ -28,11 +28,11 @@ FENCED_EXIT = 75  # a primary that learns its backup was promoted in its place s
 
 
 def replicate(model: str, task: int, service: ShardService, backup_task: int, reseed: bool, max_lag: int = 0,
-              serving: Optional[int] = None) -> None:
+              serving: Optional[int] = None, own_push: bool = False) -> None:
     """Make `service` (ps task `task`'s part, served here under `model`) forward its calls to the mirror on ps
     task `backup_task` (seeded now, and again after its state was replaced by a snapshot); `max_lag` > 0:
-    replies run up to that many ops ahead of its acks; `serving`: the task that serves the part, when it is not
-    `task` itself (a promoted backup)."""
+    replies run up to that many ops ahead of its acks; `own_push`: a reply waits for the push it answers (workers
+    that prefetch); `serving`: the task that serves the part, when it is not `task` itself (a promoted backup)."""
     server = _server.current()
     serving = task if serving is None else serving
     replica = service.replica
@@ -45,6 +45,7 @@ def replicate(model: str, task: int, service: ShardService, backup_task: int, re
             _transport.is_peer_lost,
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause, alive_ok=True),
             direct=_direct_sender(server, model, task, serving, backup_task, service, sender), max_lag=max_lag,
+            own_push=own_push,
             mark_unreplicated=lambda on: move_key(server.swap, unreplicated_key(model, sender), "1" if on else "0",
                                                   ("", "0") if on else ("1",)) != PROMOTED,
             reconnect=_transport.reconnect, fenced=lambda why: _fence(server.name, why))

@@ -238,7 +238,8 @@ class Recovery:
             if missing > len(ch.sent):
                 raise ParameterServerError(
                     f"/job:ps/task:{ch.task} came back from its mirror {missing} pushes of {self.server.name} behind, "
-                    f"and this worker keeps its last {len(ch.sent)}: with --ps-replicas 2 train without prefetch")
+                    f"and this worker keeps its last {len(ch.sent)}: the ps tasks hold replies for workers that "
+                    "prefetch only when the chief prefetches too; give every worker the same prefetch setting")
             again[ch.task] = list(ch.sent)[len(ch.sent) - missing:] if missing > 0 else []
         kept = {ch.task: list(ch.sent) for ch in client.channels}  # sending again must not change what is kept
         rounds = max((len(r) for r in again.values()), default=0)
