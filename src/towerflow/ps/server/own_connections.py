@@ -13,10 +13,11 @@ from typing import Callable, List, Optional, Tuple
 
 
 class OwnConnections:
-    """Per thread: its connection to each backup (opened by `open(to)`; False: it sends by the messaging thread)."""
+    """Per thread: its connection to each backup (opened by `open_to(backup)`; False: it sends by the messaging
+    thread)."""
 
-    def __init__(self, open: Callable[[str], object], say: Callable[[str], None]):
-        self._open = open
+    def __init__(self, open_to: Callable[[str], object], say: Callable[[str], None]):
+        self._open = open_to
         self._say = say
         self._local = threading.local()
 
