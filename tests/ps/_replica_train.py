@@ -11,9 +11,9 @@ or `none`), once its step STEP is done, SIGKILLs those ps tasks a random 0-5 ms 
 (so the kill lands anywhere in the next steps: between calls, or with a push in flight); a TASK `chief`
 kills the chief itself right after (as a host holding both would go down), once: not when restarted; a TASK
 `cutN` leaves ps task N running but aborts every TCP connection to it (`ss -K`), and `stopN` freezes it (SIGSTOP: a
-host that stops answering; a later kill of task N ends it, and the launcher restarts it); `restoreN` kills ps task N
-as the chief starts its next restore of lost ps tasks, and `createN` right after that restore sent its first part
-(a second loss during a recovery, at two moments of it); `napS` makes the chief
+host that stops answering; a later kill of task N ends it, and the launcher restarts it); `createN` kills ps task N
+right after the chief's next restore of lost ps tasks sent its first part (a second loss during a recovery);
+`napS` makes the chief
 sleep S seconds after the step (its sync partner waits on the ps that long); `wait` among them makes
 the chief wait, after the kill, until the killed ps tasks have joined again (and for one look of its
 worker's, which asks whether a part its backup serves can go back every LOOK_BACK_EVERY_S). Every worker
@@ -68,21 +68,12 @@ def cut_connections(pid: int) -> None:
     print(f"_replica_train: cut the connections to pid {pid} (ports {ports})", flush=True)
 
 
-armed = {"restore": [], "create": []}  # ps tasks to kill at a moment of the chief's next restore
+armed = []  # ps tasks to kill once the chief's next restore sent its first part
 restoring = False
-
-
-def kill_now(task: int, moment: str) -> None:
-    pid = ps_pid(task)
-    os.kill(pid, signal.SIGKILL)
-    print(f"_replica_train: killed ps task {task} (pid {pid}) {moment}", flush=True)
 
 
 def restore_ps(self):
     global restoring
-    for task in armed["restore"]:
-        kill_now(task, "as the restore began")
-    armed["restore"] = []
     restoring = True
     try:
         return _restore_ps(self)
@@ -92,10 +83,12 @@ def restore_ps(self):
 
 def create(self, *args, **kwargs):
     future = _create(self, *args, **kwargs)
-    if restoring and armed["create"]:
-        for task in armed["create"]:
-            kill_now(task, "after the restore sent its first part")
-        armed["create"] = []
+    if restoring and armed:
+        for task in armed:
+            pid = ps_pid(task)
+            os.kill(pid, signal.SIGKILL)
+            print(f"_replica_train: killed ps task {task} (pid {pid}) after the restore sent its first part", flush=True)
+        armed.clear()
     return future
 
 
@@ -107,8 +100,7 @@ def kill_soon(tasks) -> None:
     """SIGKILL those ps tasks a random 0-5 ms later (`cutN`: cut ps task N's connections instead); with "chief"
     among them, this process too, right after."""
     itself = "chief" in tasks
-    for moment in armed:
-        armed[moment] += [int(t[len(moment):]) for t in tasks if isinstance(t, str) and t.startswith(moment)]
+    armed.extend(int(t[6:]) for t in tasks if isinstance(t, str) and t.startswith("create"))
     cut = [ps_pid(int(t[3:])) for t in tasks if isinstance(t, str) and t.startswith("cut")]
     stop = [ps_pid(int(t[4:])) for t in tasks if isinstance(t, str) and t.startswith("stop")]
     tasks = [t for t in tasks if isinstance(t, int)]
@@ -191,7 +183,7 @@ data = torch.Generator().manual_seed(100 + strategy.replica_id)
 plan = {}
 for item in ([] if kills == "none" else kills.split(",")):
     at, tasks = item.split(":")
-    plan[int(at)] = [t if t in ("chief", "wait") or t.startswith(("cut", "stop", "nap", "restore", "create")) else int(t)
+    plan[int(at)] = [t if t in ("chief", "wait") or t.startswith(("cut", "stop", "nap", "create")) else int(t)
                      for t in tasks.split("+")]
 if os.environ.get("TOWERFLOW_RESTART_COUNT", "0") != "0":
     plan = {}  # a restarted chief kills nothing again
