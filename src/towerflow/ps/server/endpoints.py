@@ -33,6 +33,7 @@ from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server import to_backup as _to_backup
 from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server.policies import make_policy
+from towerflow.ps.server.replies import UNREPLICATED
 from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables.table_shards import TableShards
 
@@ -206,10 +207,9 @@ def promote(model: str, primary: int, lost: str) -> bool:
           f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
     onward = backup_of(server.task_index, server.cluster.num_tasks("ps"))
     if onward != primary and ("ps", onward) not in server.membership.stood_in():  # else no other task is left for it
-        own = _services.get(model)
+        own = _services[model].replica if model in _services else UNREPLICATED  # the same settings as its own part
         _to_backup.replicate(key, primary, service, onward, reseed=False, serving=server.task_index,
-                             max_lag=getattr(own.replica, "max_lag", 0) if own is not None else 0,
-                             own_push=getattr(own.replica, "own_push", False) if own is not None else False)
+                             max_lag=own.max_lag, own_push=own.own_push)
     return True
 
 
@@ -221,9 +221,8 @@ def _stop_serving(model: str, primary: int) -> Optional[Mirror]:
         _opened.discard(key)
         mirrors = _mirrors_of(model, primary)
     mirror = next((m for m in mirrors if m.promoted), None)
-    retire_feed = getattr(served.replica, "retire", None) if served is not None else None
-    if retire_feed is not None:
-        retire_feed()  # its onward backup lets go of the mirror it held of the part
+    if served is not None:
+        served.replica.retire()  # its onward backup lets go of the mirror it held of the part
     if served is None or mirror is None or not mirror.retire():
         return None
     server = _server.current()

@@ -22,6 +22,8 @@ class Unreplicated:
     """The replica log of a shard that has no backup (`--ps-replicas 1`): nothing forwarded, replies at once."""
 
     is_replicated = False
+    max_lag = 0
+    own_push = False
 
     def forward(self, op: ReplicaOp) -> None:
         pass
@@ -33,6 +35,9 @@ class Unreplicated:
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(value)
         return future
+
+    def retire(self) -> None:
+        pass
 
     def metrics(self) -> Optional[dict]:
         return None
