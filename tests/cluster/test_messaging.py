@@ -277,3 +277,60 @@ def test_a_connection_that_cannot_be_opened_fails_its_call_and_the_endpoint_goes
     with pytest.raises(messaging.PeerGone, match="could not open a connection to bad at tcp://127.0.0.1:notaport"):
         client.call("bad", _echo, (1,), timeout=10).wait()
     assert client.call("server", _echo, (2,), timeout=10).wait() == ((2,), {})
+
+
+def test_a_direct_channel_dropped_unclosed_stops_its_monitor_before_its_sockets_close(endpoints):
+    """A thread that ends holding a channel drops it unclosed: its sockets must still be closed monitor-safe
+    (libzmq's I/O thread blocks for good on an event for a monitor closed first)."""
+    import gc
+
+    server = endpoints("server")
+    client = endpoints("client", book={"server": server.address})
+    channel = client.direct("server")
+    assert channel.call(_echo, 1).result()[0] == (1,)
+    dealer = channel._socket
+    del channel
+    gc.collect()
+    assert dealer.closed and dealer._monitor_socket is None
+
+
+def test_a_monitor_closed_before_its_socket_after_stop_monitors_blocks_no_connection(endpoints):
+    """What a context destroyed with another thread's channel still open may do: close the monitor first, then
+    the monitored connection's task dies. After `stop_monitors` (an endpoint's close runs it before the destroy)
+    the disconnect goes nowhere and the task's other connections work on; without it every one would hang."""
+    from towerflow.cluster.connection_events import stop_monitors
+
+    server, other = endpoints("server"), endpoints("other")
+    client = endpoints("client", book={"server": server.address, "other": other.address})
+    channel = client.direct("server")
+    assert channel.call(_echo, 1).result()[0] == (1,)
+    stop_monitors(client._context)
+    channel._monitor.close(0)
+    server.close()  # the task at the channel's other end dies: a disconnect event
+    time.sleep(0.5)
+    assert client.call("other", _echo, (2,), timeout=5).wait() == ((2,), {})
+    channel._socket.close(0)
+
+
+class _RetriesEveryMillisecond(messaging.Endpoint):
+    """Its connections retry a refused connect every millisecond: a dead task's reconnect events, 100x faster."""
+
+    def _configure_dealer(self, socket, address):
+        super()._configure_dealer(socket, address)
+        socket.reconnect_ivl = 1
+
+
+def test_a_channel_to_a_dead_task_left_unread_blocks_no_other_connection(endpoints, free_ports):
+    """A thread holding a channel to a task that died, and not calling on it (its worker waits elsewhere), leaves
+    the reconnect events unread: thousands of them must not stop the task's other connections."""
+    server = endpoints("server")
+    dead = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    client = _RetriesEveryMillisecond("client", "127.0.0.1", WireSecurity(AUTHENTICATE, "t"),
+                                      {"server": server.address, "dead": dead}.get, 10.0)
+    try:
+        channel = client.direct("dead")
+        time.sleep(4)  # about 4,000 events at one a millisecond; libzmq's default queue holds 2,000
+        assert client.call("server", _echo, (1,), timeout=5).wait() == ((1,), {})
+        channel.close()
+    finally:
+        client.close()

@@ -3,12 +3,20 @@
 Every connection a task opens (an endpoint's peer socket, a thread's direct channel) is watched by a
 monitor socket; a `ConnectionWatch` turns its events into `PeerGone` (the task's process ended, or its
 host stopped answering heartbeats) or ClusterJoinError (the two tasks' credentials differ).
+
+libzmq sends a monitor's events from its I/O thread with a blocking send: a monitor socket closed while
+its socket still monitors (a garbage collector's order, or a context destroyed with both open) leaves the
+next event, such as the disconnect of a task that just died, blocked for good, and with it every
+connection of the process (no heartbeat answered, no handshake completed). So a monitored socket is
+only ever closed by `close_monitored`, which stops the monitor first, and both are held here until then:
+never garbage, the collector cannot close them in its own order (it finalizes a cycle's objects in any).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Optional
+import threading
+from typing import Dict, Optional
 
 import zmq
 
@@ -17,6 +25,8 @@ from towerflow.errors import ClusterJoinError
 WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _monitors = itertools.count(1)
+_monitored: Dict[zmq.Socket, zmq.Socket] = {}  # socket -> its monitor, while the monitor is on
+_monitored_lock = threading.Lock()
 
 
 class PeerGone(RuntimeError):
@@ -35,7 +45,39 @@ def monitor(socket: zmq.Socket) -> zmq.Socket:
     pyzmq's default address is named after the socket's descriptor number, and a socket monitored for every
     event that is garbage-collected instead of closed can keep that address bound for good (seen with pyzmq
     27.3 and libzmq 4.3.5): a later socket given the same number could then not be monitored."""
-    return socket.get_monitor_socket(WATCHED, addr=f"inproc://towerflow-monitor-{next(_monitors)}")
+    address = f"inproc://towerflow-monitor-{next(_monitors)}"
+    socket.monitor(address, WATCHED)
+    pair = socket.context.socket(zmq.PAIR)
+    # No queue limit: at libzmq's (2,000 events, 200 s of a dead task's reconnects) its I/O thread would block,
+    # and every connection of the process with it, until the thread owning this monitor, maybe idle, read one.
+    pair.rcvhwm = 0
+    pair.connect(address)
+    socket._monitor_socket = pair  # where pyzmq's disable_monitor looks
+    with _monitored_lock:
+        _monitored[socket] = pair
+    return pair
+
+
+def close_monitored(socket: zmq.Socket, pair: zmq.Socket) -> None:
+    """Close `socket` and its monitor `pair`: the monitor stopped first (libzmq then sends it no more events)."""
+    if not socket.closed:
+        socket.disable_monitor()
+    with _monitored_lock:
+        _monitored.pop(socket, None)
+    pair.close(0)
+    socket.close(0)
+
+
+def stop_monitors(context: zmq.Context) -> None:
+    """Stop the monitor of every socket of `context` still open (another thread's channel), before the context
+    is destroyed: its sockets are closed in no set order, a monitor maybe before its socket."""
+    with _monitored_lock:
+        mine = [s for s in _monitored if s.context is context]
+        for socket in mine:
+            del _monitored[socket]
+    for socket in mine:
+        if not socket.closed:
+            socket.disable_monitor()
 
 
 class ConnectionWatch:

@@ -21,7 +21,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from towerflow.cluster import wire
-from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, monitor
+from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor
 
 _WATCH_EVERY_MS = 1000
 _IDLE_EVERY_S = _WATCH_EVERY_MS / 1000
@@ -88,6 +88,11 @@ class DirectChannel:
             return message.value
         raise message.exception(self.to)
 
+    def __del__(self) -> None:  # dropped unclosed (its thread ended): pyzmq would close the sockets in any order
+        socket = getattr(self, "_socket", None)
+        if socket is not None and not socket.closed:
+            self.close()
+
     def _read_events(self) -> None:
         while self._monitor.poll(0):
             self._event(recv_monitor_message(self._monitor)["event"])
@@ -96,9 +101,7 @@ class DirectChannel:
         self._failure = self._failure or self._watch.event(event)
 
     def close(self) -> None:
-        self._socket.disable_monitor()
-        self._monitor.close(0)
-        self._socket.close(0)
+        close_monitored(self._socket, self._monitor)
         if self._failure is None:
             self._failure = PeerGone(f"{self.me}'s direct channel to {self.to} is closed", self.to)
 

@@ -32,7 +32,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from towerflow.cluster import wire
 from towerflow.cluster.wire_security import ENCRYPT, WireSecurity
-from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, monitor, unknown
+from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor, stop_monitors, unknown
 from towerflow.errors import ClusterTimeoutError
 
 _HEARTBEAT_EVERY_MS = 1000
@@ -281,9 +281,7 @@ class Endpoint:
         for s in (peer.socket, peer.monitor):
             self._poller.unregister(s)
             del self._by_socket[s]
-        peer.socket.disable_monitor()
-        peer.monitor.close(0)
-        peer.socket.close(0)
+        close_monitored(peer.socket, peer.monitor)
         with self._pending_lock:
             lost = [cid for cid, (_, to, _) in self._pending.items() if to == peer.name]
         for cid in lost:
@@ -370,15 +368,14 @@ class Endpoint:
         for future, to, _ in waiting:
             future.set_exception(PeerGone(f"{self.name} left the cluster while its call to {to} was waiting", to))
         self._gate.stop()
+        stop_monitors(self._context)
         self._context.destroy(linger=0)
 
     def _close_sockets(self) -> None:
         linger = getattr(self, "_linger_ms", 0)
         for peer in self._peers.values():
             if peer.failure is None:
-                peer.socket.disable_monitor()
-                peer.monitor.close(0)
-                peer.socket.close(0)
+                close_monitored(peer.socket, peer.monitor)
         self._server.close(linger)
         self._outbox_in.close(0)
         with self._outbox_lock:

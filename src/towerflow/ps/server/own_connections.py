@@ -50,6 +50,8 @@ class OwnConnections:
         local.wants = None
         if to != backup:  # lost meanwhile
             return
+        for stale in [b for b in local.channels if b != to]:  # a backup lost while this thread did not call it
+            self.drop(stale)
         try:
             send = self._open(to)
         except Exception as error:  # the backup went meanwhile: the next op's call says so
