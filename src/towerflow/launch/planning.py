@@ -9,6 +9,7 @@ to it, and returns the `LaunchPlan`; `run` supervises it to the end.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import sys
 
@@ -62,7 +63,9 @@ def run(config: LaunchConfig, plan: LaunchPlan) -> int:
         def hold():
             from towerflow.cluster.server import host_rendezvous
 
-            return host_rendezvous(plan.cluster, plan.token, plan.store_address)
+            store = host_rendezvous(plan.cluster, plan.token, plan.store_address)
+            gc.freeze()  # torch, imported for the store, stays out of every later collection (its exit's: ~0.5 s)
+            return store
 
     try:  # a local cluster's ports stay held until the run ends, so a restarted task finds its port free
         return Supervisor(plan.tasks, max_restarts=config.max_restarts, restart_scope=plan.restart_scope,

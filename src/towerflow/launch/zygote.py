@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import gc
 import io
 import os
 import pickle
@@ -216,6 +217,10 @@ def main() -> None:
     if _cuda_initialized():
         _refuse(sock, "the fork server's imports started CUDA, so its children could not use a GPU")
         os._exit(0)
+    # The preloaded modules' objects live as long as any task: out of every garbage collection of the children,
+    # which then scan only their own (an exit's collections: 0.35 s instead of 1.2 s of a core), and untouched by
+    # them, so their pages stay shared with this process instead of being copied on write.
+    gc.freeze()
     child = _serve(sock)
     if child is None:  # the launcher closed its end: nothing here to flush or finalize
         os._exit(0)
