@@ -205,7 +205,7 @@ def test_mirrored_ps_hosts_lost_for_good_one_after_the_other_leave_their_parts_t
     h = hosts(3)  # ps 0 | ps 1 and the chief (the coordinator) | ps 2 and worker 1
     cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222", f"{h[1].name}:2223", f"{h[2].name}:2223"],
                                        "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
-    script = ["examples/mnist_ps.py", "--data", data, "--steps", "900"]
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "500"]
     flags = ["--ps-replicas", "2", "--max-restarts", "1"]
     ps = [h.launch(h[i], cluster, "ps", i, script, TOKEN, flags) for i in range(3)]
     chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)

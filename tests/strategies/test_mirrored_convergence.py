@@ -1,7 +1,8 @@
-"""examples/mnist_sync.py, unchanged, converges under 1, 2 and 4 logical CPU devices (digits data).
+"""examples/mnist_sync.py, unchanged, converges under 1 and 2 logical CPU devices (digits data).
 
-The global batch is fixed, so the replica count must not change the result: every run
-reaches the stated accuracy, and the 2- and 4-replica runs land where the 1-replica run does.
+The global batch is fixed, so the replica count must not change the result: both runs reach the
+stated accuracy, and the 2-replica run lands where the 1-replica run does (4 replicas:
+tests/strategies/test_equivalence.py, which checks the averaging itself, exactly).
 """
 
 import os
@@ -40,7 +41,7 @@ def test_one_device(one_replica):
     assert one_replica >= THRESHOLD
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2])
 def test_n_logical_cpu_devices(n, one_replica):
     results = run_replicas([SCRIPT, *ARGS], n, timeout=120)
     accuracy = _accuracy(results[0].stdout)
