@@ -1,7 +1,7 @@
 """examples/ctr_ps.py trained from files, as a click-model user trains: the synthetic log written as Criteo's
 TSV (`python -m towerflow.data.write_ctr`), 2 ps + 2 workers each reading its share of the files, the AUC
 measured on the held-out files within 0.015 of the best possible one the writer reports (the planted model's;
-0.0080 short at 300 steps on the 2-core VM, where the same job trained from memory landed within 0.002 of it)."""
+0.0080 short at 300 steps on the 2-core VM)."""
 
 from __future__ import annotations
 
