@@ -157,3 +157,27 @@ def test_a_link_dropped_unclosed_hangs_up_on_its_server(tmp_path):
     del client
     gc.collect()
     assert ended.wait(10), "the server's loop never saw the link end"
+
+
+def test_a_forked_child_ending_leaves_its_parents_links_served(tmp_path):
+    """Tasks are forked from a fork server that imported this module: a child's exit must wake only its own
+    serving loops, never its parent's or its siblings'."""
+    client = _linked(tmp_path)
+    parent_wake = shm_link._process_wake()
+    pid = os.fork()
+    if pid == 0:  # the child: what its atexit would do, then its own wake pipe
+        code = 0
+        try:
+            shm_link._stop_servers()
+            own = shm_link._process_wake()
+            code = 0 if own is not parent_wake and own.pid == os.getpid() else 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    for step in range(3):  # the parent's link still answers
+        slot = step % shm_link.SLOTS
+        client.call(slot, {"step": step})
+        assert client.reply(slot) == ("done", {"step": step})
+    client.close()

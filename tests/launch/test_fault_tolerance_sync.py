@@ -62,7 +62,9 @@ def test_sync_with_a_backup_worker_goes_on_while_a_worker_killed_during_a_round_
     os.kill(int(started.group(1)), signal.SIGKILL)
     (tmp_path / "resume").write_text("")  # the chief and worker 2 go on: 2 of 3 gradients make each update
     rejoined_at, pushes = _rejoined_at(run)
-    assert rejoined_at >= pushes + 20, (pushes, rejoined_at)  # the two others made updates meanwhile
+    # the two others made updates meanwhile (without a backup the step stands still: the next test); a restart
+    # from the fork server takes about a second, some ten updates here
+    assert rejoined_at >= pushes + 5, (pushes, rejoined_at)
     assert run.wait(90) == 0, run.describe()
     _assert_fit(run)
     assert "'rejoins_by_worker': {1: 1}" in run.out, run.out

@@ -89,6 +89,20 @@ def test_a_module_runs_as_with_python_dash_m(tmp_path):
     assert seen["t0"]["cmdline"] == [sys.executable, "-m", "pkg.probe", "x"]
 
 
+def test_towerflow_preloaded_by_the_fork_server_reads_the_tasks_own_environment(tmp_path):
+    """The fork server imports towerflow before any task exists: what towerflow takes from the environment is
+    read in the task, after the fork (here the GPUs a task was launched with, under its visible_devices)."""
+    script = tmp_path / "visible.py"
+    script.write_text("import os, sys, towerflow\n"
+                      "towerflow.configure(visible_devices=[1])\n"
+                      "open(os.path.join(os.environ['OUT'], os.environ['NAME'] + '.json'), 'w').write("
+                      "'\"' + os.environ['CUDA_VISIBLE_DEVICES'] + '\"')\n")
+    code, text, seen = _run(tmp_path, [([str(script)], {"CUDA_VISIBLE_DEVICES": "4,5,6"}),
+                                       ([str(script)], {"CUDA_VISIBLE_DEVICES": "7,8"})])
+    assert code == 0, text
+    assert seen == {"t0": "5", "t1": "8"}
+
+
 def test_exit_codes_and_an_uncaught_exception_read_as_from_a_fresh_interpreter(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)

@@ -270,6 +270,7 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
         os.close(request_fd)
         return False
     lock = threading.Lock()
+    wake = _process_wake()
 
     def _send(slot: int, ok: bool, payload: Any) -> None:
         try:
@@ -288,7 +289,7 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
     def loop() -> None:
         try:
             while True:
-                if _wake.r in select.select([request_fd, _wake.r], [], [])[0]:
+                if wake.r in select.select([request_fd, wake.r], [], [])[0]:
                     return  # the process is exiting (`_stop_servers`)
                 frame = _read_frame(request_fd)
                 if frame is None:
@@ -313,16 +314,19 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
                     pass
 
     thread = threading.Thread(target=loop, name=name, daemon=True)
-    _wake.threads.append(thread)
+    wake.threads.append(thread)
     thread.start()
     return True
 
 
 class _Wake:
     """One pipe per process that wakes every serving loop when the process exits: a loop must not be inside a
-    torch call while the interpreter tears torch down (a ps whose script raised was seen to abort so)."""
+    torch call while the interpreter tears torch down (a ps whose script raised was seen to abort so). Made on the
+    first link served, and again in a forked child: a pipe inherited through a fork would be shared with the parent
+    and every sibling, and one task's exit would end the others' links."""
 
     def __init__(self):
+        self.pid = os.getpid()
         self.r, self.w = os.pipe()
         self.threads: List[threading.Thread] = []
 
@@ -332,8 +336,25 @@ class _Wake:
             thread.join(timeout)
 
 
-_wake = _Wake()
-atexit.register(_wake.stop)
+_wake: Optional[_Wake] = None
+_wake_lock = threading.Lock()
+
+
+def _process_wake() -> _Wake:
+    global _wake
+    with _wake_lock:
+        if _wake is None or _wake.pid != os.getpid():
+            _wake = _Wake()
+        return _wake
+
+
+def _stop_servers() -> None:
+    """At exit: wake and join this process's serving loops (not those of the process it was forked from)."""
+    if _wake is not None and _wake.pid == os.getpid():
+        _wake.stop()
+
+
+atexit.register(_stop_servers)
 
 
 def same_host(address_a: str, address_b: str) -> bool:

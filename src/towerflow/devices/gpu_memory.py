@@ -20,7 +20,9 @@ from towerflow.errors import ConfigError
 log = logging.getLogger("towerflow.devices")
 
 _ENV = "CUDA_VISIBLE_DEVICES"
-_original_env: Optional[str] = _library_env.value(_ENV)  # what the user launched us with
+_UNREAD = object()
+_original_env: object = _UNREAD  # what the user launched us with, read on first need (a task forked from a fork
+# server that imported this module gets its own environment after the import)
 _reserved: set = set()  # GPUs whose memory we reserved up front (allow_growth=False)
 _RESERVE_MARGIN = 256 << 20  # leave room for the CUDA context and cuBLAS workspaces
 
@@ -29,17 +31,25 @@ def _cuda_started() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+def _launched_env() -> Optional[str]:
+    global _original_env
+    if _original_env is _UNREAD:
+        _original_env = _library_env.value(_ENV)
+    return _original_env  # type: ignore[return-value]
+
+
 def _visible_env(indices: Optional[List[int]]) -> Optional[str]:
     """CUDA_VISIBLE_DEVICES for `indices`, taken relative to what the process was launched with."""
+    original = _launched_env()
     if indices is None:
-        return _original_env
-    if _original_env is None:
+        return original
+    if original is None:
         return ",".join(map(str, indices))
-    launched = [v.strip() for v in _original_env.split(",") if v.strip()]
+    launched = [v.strip() for v in original.split(",") if v.strip()]
     missing = [i for i in indices if i >= len(launched)]
     if missing:
         raise ConfigError(
-            f"visible_devices={indices!r}: this process was started with {_ENV}={_original_env!r}, "
+            f"visible_devices={indices!r}: this process was started with {_ENV}={original!r}, "
             f"which has {len(launched)} GPU(s); indices {missing} do not exist. Use indices below {len(launched)}."
         )
     return ",".join(launched[i] for i in indices)
