@@ -23,21 +23,24 @@ class _Channel:
 class _Client:
     """Records what the recovery sends: pushes again (by their clock), and the pulls of the last round."""
 
-    def __init__(self, channels, replica_lag):
+    def __init__(self, channels, replica_lag, mode="async"):
         self.channels, self.replica_lag, self.worker, self.pushes = channels, replica_lag, 0, 0
         self.ps_replicas = 1
+        self.policy = types.SimpleNamespace(mode=mode)
         self.server = types.SimpleNamespace(name="/job:worker/task:0")
-        self.pushed_again, self.installed = [], None
+        self.pushed_again, self.installed, self.events = [], None, []
 
     def _push_pull_call(self, ch, buffers, push):
         self.pushed_again.append((ch.task, push.clock))
+        self.events.append(("push", ch.task, push.ticket.step))
         return ("push", ch.task, push.clock)
 
     def call(self, ch, endpoint, *args):
+        self.events.append(("pull", ch.task, args[-1]))  # (worker, clock, after_step)
         return ("pull", ch.task)
 
     def wait(self, ch, call):
-        pass
+        self.events.append(("waited", *call))
 
     def install(self, calls):
         self.installed = calls
@@ -63,6 +66,20 @@ def test_with_a_replica_lag_the_pushes_beyond_those_kept_are_counted_lost_and_tr
     assert client.pushed_again == [(0, 9), (0, 10)]
     assert client.installed == [("push", 0, 10), ("pull", 1)]
     assert client.pushes == 10
+
+
+def test_sync_a_push_sent_again_waits_until_its_ps_task_reaches_the_pushs_step():
+    """Other workers send their own lacking pushes again in no set order: a push of step 10 sent before another
+    worker's push of step 9 completes round 9 would be refused as ahead of the ps. So each push sent again first
+    waits for a pull that returns once its ps task reaches the push's step."""
+    client = _Client([_Channel(0, 8, [9, 10]), _Channel(1, 9, [9, 10])], replica_lag=0, mode="sync")
+    Recovery(client)._send_again({0: 10, 1: 10}, clock=10)
+    assert client.events == [
+        ("pull", 0, 9), ("waited", "pull", 0),  # round 1: ps 0 lacks push 9 (ps 1 lacks only push 10)
+        ("push", 0, 9), ("waited", "push", 0, 9),
+        ("pull", 0, 10), ("pull", 1, 10), ("waited", "pull", 0), ("waited", "pull", 1),  # round 2, both
+        ("push", 0, 10), ("push", 1, 10),
+    ]
 
 
 class _Server:

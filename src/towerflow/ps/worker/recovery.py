@@ -244,10 +244,14 @@ class Recovery:
         kept = {ch.task: list(ch.sent) for ch in client.channels}  # sending again must not change what is kept
         rounds = max((len(r) for r in again.values()), default=0)
         for r in range(max(rounds, 1)):
-            calls = []
+            todos = []
             for ch in client.channels:
                 late = rounds - len(again[ch.task])  # a channel's pushes to send again end with the last round
-                todo = again[ch.task][r - late] if again[ch.task] and r >= late else None
+                todos.append(again[ch.task][r - late] if again[ch.task] and r >= late else None)
+            if client.policy.mode == "sync":
+                self._wait_for_steps(todos)
+            calls = []
+            for ch, todo in zip(client.channels, todos):
                 if todo is not None:
                     ch.pushes += 1
                     calls.append(client._push_pull_call(ch, *todo))
@@ -268,6 +272,16 @@ class Recovery:
             ch.sent.extend(kept[ch.task])
         client.pushes = max(client.pushes, clock)
         return lost
+
+    def _wait_for_steps(self, todos: List[Optional[tuple]]) -> None:
+        """Sync: before a push is sent again, wait until its ps task reaches the push's step. The other workers send
+        their own pushes again meanwhile, in no set order: one that the mirror lacks for the step before completes
+        that step's round, and a push sent ahead of it would be refused as from another run."""
+        client = self.client
+        waits = [(ch, client.call(ch, Endpoints.pull, client.worker, ch.pushes, todo[1].ticket.step))
+                 for ch, todo in zip(client.channels, todos) if todo is not None]
+        for ch, call in waits:
+            client.wait(ch, call)
 
     def restore_ps(self) -> Optional[str]:
         """Chief: put the ps tasks back; the checkpoint's path, or None when the lost ones came back from their
