@@ -4,6 +4,7 @@ the other paths; a fresh seed makes them moot; a promoted mirror stops its write
 
 from __future__ import annotations
 
+import concurrent.futures
 import pytest
 import torch
 
@@ -39,12 +40,13 @@ class _FakeSlots:
         pass
 
 
-def _ring_fed(monkeypatch, slots=64):
-    """A primary whose pushes reach its backup's mirror through a real ring (and fake slots when it is full)."""
+def _ring_fed(monkeypatch, slots=64, workers=1):
+    """A primary whose pushes reach its backup's mirror through a real ring (and fake slots when it is full); one
+    ring per thread that pushes, as a link thread per worker has."""
     monkeypatch.setattr(_mirror_link, "RING_MAX_SLOTS", slots)
     monkeypatch.setattr(_mirror_link, "RING_MIN_SLOTS", 1)
     link = FakeLink()
-    primary = _service(AsyncPolicy())
+    primary = _service(AsyncPolicy(), num_workers=workers)
     senders = []
 
     def direct(to):
@@ -77,6 +79,32 @@ def test_pushes_in_the_ring_are_held_at_once_and_read_only_with_the_state(monkey
     assert mirror.metrics()["queued"] == 2  # the seed and the first push; the ring's were not taken yet
     assert replica.metrics()["lag"] <= 1  # each counted as held when written (the last when its reply reads it)
     _same(primary, mirror)  # read now: the ring's pushes taken and applied, in order
+
+
+def test_a_workers_reply_never_waits_for_another_workers_next_push(monkeypatch):
+    """Each worker's pushes reach the ps on a thread of their own, each with its own ring. A push in a ring is held by
+    the backup once written, so it counts at once: were the newest one counted only at that thread's next push,
+    the backup's acks, which count in order, would hold worker 0's reply until worker 1 pushed again."""
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, workers=2)
+    replica._refresh_after = 0
+    threads = [concurrent.futures.ThreadPoolExecutor(1) for _ in range(2)]  # one thread per worker, as its link's
+    ticket = primary.pull(0).wait().ticket
+
+    def push(worker, step):
+        return primary.push_pull(PushPull(worker, ticket, _grads(primary, step), 0.1, step + 1))
+
+    try:
+        for worker in (0, 1):  # the first push goes the shared way; each thread's own ring opens after it
+            threads[worker].submit(push, worker, 0).result()
+        link.flush()
+        for step, worker in enumerate((0, 1, 1, 1, 0, 0, 1, 0, 0, 0), start=1):  # now one, now the other ahead
+            reply = threads[worker].submit(push, worker, step).result()
+            assert reply.done(), f"worker {worker}'s reply to step {step} waits for the other worker's next push"
+        assert sorted(s.ring_ops for s in senders) == [4, 6]
+    finally:
+        for t in threads:
+            t.shutdown()
+    _same(primary, mirror)
 
 
 def test_a_full_ring_sends_the_op_by_its_slot_and_the_mirror_takes_the_ring_first(monkeypatch):

@@ -61,11 +61,14 @@ class OwnConnections:
 
     def unread(self, upto: int) -> List[Tuple[str, int, object]]:
         """The sends whose acks are to be read now: every one but the last (they have most likely arrived; another
-        thread's reply may wait for them), and the last too when its number is at most `upto`."""
+        thread's reply may wait for them), and the last too when its number is at most `upto` or it is held as
+        sent (`op_held`: a ring's record, nothing to wait for; left unread, the acks, which count in order, would
+        hold every other thread's replies until this thread's next op)."""
         pending = getattr(self._local, "pending", None)
         if not pending:
             return []
-        keep = [] if pending[-1][1] <= upto else pending[-1:]
+        last_seq, last_call = pending[-1][1], pending[-1][2]
+        keep = [] if last_seq <= upto or getattr(last_call, "op_held", False) else pending[-1:]
         self._local.pending = keep
         return pending[:len(pending) - len(keep)]
 
