@@ -4,11 +4,14 @@ is read (a restore, a promotion) it is the primary's, op for op."""
 
 from __future__ import annotations
 
+import pickle
+
 import torch
 
 from towerflow.ps.messages import PushPull
-from towerflow.ps.replication_messages import REFRESH_BYTES, REFRESH_FACTOR, SeedOp
+from towerflow.ps.replication_messages import REFRESH_BYTES, REFRESH_FACTOR, ReplicaFrame, SeedOp
 from towerflow.ps.server import mirror as _mirror
+from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server import replication as _replication
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
@@ -84,3 +87,39 @@ def test_a_large_state_is_never_sent_again_and_its_backup_applies_as_before():
     primary = _service(AsyncPolicy(), values=big)
     replica, _ = _replicated(primary, link)
     assert replica._refresh_after == 0
+
+
+def _frames(primary, link, steps):
+    """The frames a backup receives for `steps` pushes, each push followed by a fresh seed of the state after it
+    (copies: the link delivers the originals to its own mirror, whose acks let the replies go)."""
+    replica = primary.replica
+    frames = []
+    ticket = primary.pull(0).wait().ticket
+    for s in range(steps):
+        reply = primary.push_pull(PushPull(0, ticket, _grads(primary, s), 0.1, s + 1))
+        frames.append(pickle.loads(pickle.dumps(link.queue[-1][1])))  # the push's op
+        with primary._lock:
+            frames.append(ReplicaFrame("model", 0, "ps:0", replica.seq, SeedOp(_snapshot.take(primary), refresh=True)))
+        link.flush()
+        ticket = reply.wait().pulled.ticket
+    return frames
+
+
+def test_a_fresh_seed_arriving_after_later_ops_keeps_them_and_one_older_than_an_applied_op_is_ignored():
+    link = FakeLink()
+    primary = _service(AsyncPolicy())
+    mirror = Mirror("model", 0)
+    mirror.receive(ReplicaFrame("model", 0, "ps:0", 1, SeedOp(_snapshot.take(primary)))).wait()  # as the link's
+    replica, _ = _replicated(primary, link)
+    replica._refresh_after = 0
+    push1, seed1, push2, seed2, push3, seed3 = _frames(primary, link, 3)
+    for frame in (push1, push2, seed1, push3):  # seed 1 comes after push 2: push 2 and 3 stay held after it
+        mirror.receive(frame).wait()
+    assert [s for s, _ in mirror._queue] == [seed1.seq, push2.seq, push3.seq] and mirror.seq == push3.seq
+    mirror.wait_applied()  # push 3 applied
+    mirror.receive(seed2).wait()  # the state after push 2: applying it would undo push 3
+    assert [s for s, _ in mirror._queue] == [] and mirror.applied == push3.seq
+    _same(primary, mirror)
+    mirror.receive(seed3).wait()  # the state after push 3: taken
+    assert [s for s, _ in mirror._queue] == [seed3.seq]
+    _same(primary, mirror)

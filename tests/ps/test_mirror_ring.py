@@ -107,6 +107,25 @@ def test_a_workers_reply_never_waits_for_another_workers_next_push(monkeypatch):
     _same(primary, mirror)
 
 
+def test_no_reply_waits_for_a_fresh_seed_and_a_primary_lost_before_it_arrives_loses_nothing(monkeypatch):
+    """A fresh seed is the state after ops the backup holds already: it takes no number of its own, so the replies
+    after it wait for nothing while it travels, and a primary lost before it arrives leaves a mirror with every op."""
+    monkeypatch.setattr(_replication, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
+    monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
+    _steps(primary, link, 2)  # this thread's ring is open
+    link.flush()
+    ticket = primary.pull(0).wait().ticket
+    for s in range(2, 8):  # the fresh seeds stay queued on the connection, never delivered
+        reply = primary.push_pull(PushPull(0, ticket, _grads(primary, s), 0.1, s + 1))
+        assert reply.done(), f"the reply to push {s} waits for a fresh seed's ack"
+        ticket = reply.wait().pulled.ticket
+    refreshes = [frame for _, frame, _ in link.queue if frame.op.refresh]
+    assert len(refreshes) >= 5 and [f.seq for f in refreshes] == sorted(f.seq for f in refreshes) <= [replica.seq] * 6
+    assert mirror.promote("ps:0") is not None  # the primary is lost with its fresh seeds in flight
+    _same(primary, mirror)
+
+
 def test_a_full_ring_sends_the_op_by_its_slot_and_the_mirror_takes_the_ring_first(monkeypatch):
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=4)
     replica._refresh_after = 0

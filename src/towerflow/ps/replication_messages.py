@@ -182,9 +182,12 @@ def op_nbytes(op: "ReplicaOp") -> int:
 
 @dataclasses.dataclass(frozen=True)
 class SeedOp:
-    """Replace the mirror with this snapshot; the ops numbered after it follow."""
+    """Replace the mirror with this snapshot; the ops numbered after it follow. A `refresh` takes no number of its own:
+    it is the state after the op its frame's number names, which the backup holds already (every op before it), so
+    no reply waits for it and the ops after it may arrive first; it only spares the backup applying them."""
 
     snapshot: ServiceSnapshot
+    refresh: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

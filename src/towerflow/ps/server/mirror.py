@@ -46,6 +46,7 @@ class Mirror:
         self.fed_by: Optional[str] = None  # the primary incarnation whose seed this mirror holds
         self.seq = 0  # the number of the last op held in order (what the ack says)
         self.applied = 0  # the number of the last op applied
+        self._taken = 0  # the number of the last op taken from the queue to apply (applied, or being applied)
         self.error: Optional[BaseException] = None  # an op failed to apply: the mirror is no longer equal
         self._early: Dict[int, ReplicaFrame] = {}  # frames that came before their predecessors
         self._queue: Deque[Tuple[int, ReplicaOp]] = collections.deque()  # held in order, not applied yet
@@ -108,9 +109,12 @@ class Mirror:
                     f"the backup of /job:ps/task:{self.primary}'s part of {self.model!r} was promoted in place of "
                     f"{self.fed_by}: it takes no more ops from {frame.sender}"))
                 return future
-            if isinstance(frame.op, SeedOp):
+            if isinstance(frame.op, SeedOp) and frame.op.refresh:
+                if frame.sender == self.fed_by:
+                    self._refresh(frame)
+            elif isinstance(frame.op, SeedOp):
                 self.promoted = False
-                self.fed_by, self.seq = frame.sender, frame.seq
+                self.fed_by, self.seq, self._taken = frame.sender, frame.seq, 0
                 self._early = {s: f for s, f in self._early.items() if f.sender == frame.sender and s > frame.seq}
                 self._queue.clear()  # what the seed replaces is not applied (a thread applying holds only its op)
                 self._queued_bytes = 0
@@ -133,6 +137,17 @@ class Mirror:
             future.set_result(held)
         return future
 
+    def _refresh(self, frame: ReplicaFrame) -> None:
+        """The feeder's state after op `frame.seq` (under the lock): it replaces the ops held up to there, unapplied,
+        and the ops after it stay held; ignored once an op after it is applied or being applied (it would undo it)."""
+        if frame.seq < self._taken:
+            return
+        self.seq = max(self.seq, frame.seq)
+        self._early = {s: f for s, f in self._early.items() if s > frame.seq}
+        later = [(s, op) for s, op in self._queue if s > frame.seq]
+        self._queue = collections.deque([(frame.seq, frame.op), *later])
+        self._queued_bytes = sum(op_nbytes(op) for _, op in self._queue)
+
     def _apply_queued(self) -> None:
         while True:
             with self._lock:
@@ -141,6 +156,7 @@ class Mirror:
                     self._lock.notify_all()
                     return
                 seq, op = self._queue.popleft()
+                self._taken = seq
                 self._queued_bytes -= op_nbytes(op)
             try:
                 if isinstance(op, SeedOp):

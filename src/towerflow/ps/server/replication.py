@@ -328,16 +328,17 @@ class Replicator:
             self._refresh_after = max(REFRESH_FACTOR * size, REFRESH_BYTES) if small else 0
             self._since_seed = 0
             with self._lock:
-                self.backup = to  # replies held until now wait for this seed's ack: it holds all they show
-                if not refresh:  # numbers another backup held
-                    self._held_alone.clear()
-                self.seq += 1
-                self._seed_seq = self.seq
-                self.seeds += int(not refresh)
-                self.refreshes += int(refresh)
-                self.degraded_since = None
+                if refresh:  # the state after op `seq`, which the backup holds already: numbered as that op
+                    self.refreshes += 1
+                else:
+                    self.backup = to  # replies held until now wait for this seed's ack: it holds all they show
+                    self._held_alone.clear()  # numbers another backup held
+                    self.seq += 1
+                    self._seed_seq = self.seq
+                    self.seeds += 1
+                    self.degraded_since = None
                 seq = self.seq
-            self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot)))
+            self._send(to, ReplicaFrame(self.model, self.task, self.sender, seq, SeedOp(snapshot, refresh)))
 
     def retire(self) -> None:
         """The part is served here no more (a promoted backup gave it back to its primary): forward nothing again, let
