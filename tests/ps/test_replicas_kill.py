@@ -102,8 +102,9 @@ def test_a_part_with_every_replica_lost_comes_back_from_the_checkpoint(tmp_path)
     final = _final(tmp_path)
     assert "lost every replica of its part" in output
     assert "killed ps task 2" in output and "after the restore sent its first part" in output, output
-    (record,) = final["recoveries"]
-    assert {0, 2} <= set(record["ps_task"]), record  # ps task 1's loss may go unseen: the restart is followed anyway
+    (record,) = final["recoveries"] if len(final["recoveries"]) == 1 else pytest.fail(f"{final['recoveries']}\n{output}")
+    # either of the two killed at once may go unseen (restarted before the worker called it): followed anyway
+    assert 2 in record["ps_task"] and {0, 1} & set(record["ps_task"]), record
     assert output.count("waiting for its restart") == len(record["ps_task"]), output  # each loss said once
     assert not record["from_mirrors"] and record["checkpoint"].endswith("ckpt-0000000020.pt") and record["steps_lost"] > 0
     # the worker takes its 40 steps: the ones since the checkpoint are gone, and the one in flight
@@ -128,12 +129,13 @@ def test_the_chief_lost_with_a_ps_task_restores_it_from_its_mirror(tmp_path):
     """A host holding the chief and ps task 1 goes down: the restarted chief finds that task empty beside one that
     kept its state and restores it from its mirror (not afresh from its own initial values), and the other worker,
     waiting for that restore, goes on with nothing lost."""
-    output = _launch(["--ps", "2", "--workers", "2"], tmp_path, 40, "dense", "15:1+chief")
+    # 100 steps a worker: the other worker, faster than the chief, is still training at the chief's step 15
+    output = _launch(["--ps", "2", "--workers", "2"], tmp_path, 100, "dense", "15:1+chief")
     final = _final(tmp_path)
     assert "killed ps tasks [1]" in output and "and the chief" in output
     assert re.search(r"restored /job:ps/task:1(, lost together with this chief,)? from its mirror", output), output
     assert re.search(r"\[worker:1\] .*/job:ps/task:1 is back .*from its mirror.*lost: nothing", output), output
-    assert final["global_step"] >= 40
+    assert final["global_step"] >= 100
 
 
 def test_the_chief_lost_with_a_ps_task_and_no_mirror_restores_every_ps_task_from_the_checkpoint(tmp_path):

@@ -132,3 +132,38 @@ def test_a_ps_that_lives_on_but_stays_out_of_reach_ends_the_wait_with_the_reason
     gone = PSLost(0, "ps:0", RuntimeError("the connection from worker:0 to ps:0 closed"))
     with pytest.raises(ParameterServerError, match=r"cannot reach /job:ps/task:0 \(ps:0\), which is still running"):
         Recovery(client)._connect_again([gone], seen=time.monotonic() - 100)
+
+
+def test_a_restore_cut_short_by_another_loss_runs_again_from_the_checkpoint_never_from_a_mirror(monkeypatch):
+    """Every replica of a part was lost, so the chief puts every ps task back to the checkpoint; another task is
+    lost after the first part went out. The restore that runs again once it is back must send the checkpoint again:
+    the new loss's mirror holds a state of another step than the parts already sent."""
+    from towerflow.ps.worker import recovery as _recovery
+    from towerflow.ps.worker.client import PSLost
+
+    asked_mirrors = []
+    monkeypatch.setattr(_recovery.from_mirrors, "restore", lambda client, publish: asked_mirrors.append(1) or (
+        None if len(asked_mirrors) == 1 else {1: "/job:ps/task:0"}))
+    client = _Client([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
+    client.ps_replicas, client.model_name, client.opened = 2, "model", False
+    client.policy = types.SimpleNamespace(mode="async", num_workers=1)
+    client.finished_key = lambda worker: f"finished/{worker}"
+    for ch in client.channels:
+        ch.to = f"ps:{ch.task}"
+    client.server = types.SimpleNamespace(name="/job:worker/task:0", lookup=lambda key: None,
+                                          publish=lambda key, value: None)
+    sent = []
+
+    def create(ch, part, finished, open_now, restored_for):
+        sent.append(ch.task)
+        if sent == [0, 1]:  # ps task 1 lost as its part went out
+            raise PSLost(1, "ps:1", RuntimeError("killed"))
+        return ("create", ch.task)
+
+    client.create = create
+    recovery = Recovery(client)
+    recovery.restore_source = lambda: (20, "ckpt-0000000020.pt", {"ps": {0: "part 0", 1: "part 1"}})
+    with pytest.raises(PSLost):
+        recovery.restore_ps()
+    assert recovery.restore_ps() == "ckpt-0000000020.pt"  # again, once ps task 1 is back: the checkpoint again
+    assert asked_mirrors == [1] and sent == [0, 1, 0, 1]

@@ -37,6 +37,7 @@ class Recovery:
         self.recoveries: List[dict] = []  # one entry per lost ps this worker went on after
         self.lost_with_chief: List[int] = []  # ps tasks a restarted chief found empty, until it restores them
         self._next_look = 0.0  # when to look again whether a ps task whose backup serves its part is back
+        self._checkpoint_begun = False  # this recovery began to put every ps task back to the checkpoint
         self.promotion = Promotion(client)
 
     def _say(self, text: str) -> None:
@@ -139,6 +140,7 @@ class Recovery:
         before = client.global_step
         sent, clock = {ch.task: ch.pushes for ch in client.channels}, client.pushes  # before a rejoin resets them
         lost_tasks = {lost.task: lost}
+        self._checkpoint_begun = False
         pushes_lost = 0  # with asynchronous replication: pushes the restored mirror lacked beyond those kept
         said = set()
         while True:
@@ -290,7 +292,8 @@ class Recovery:
         nothing newer). The restore counts for every ps incarnation now current: a worker waiting to rejoin after
         any of them came back (`rejoin(after_restore_of=...)`) goes on, whichever losses the chief itself noticed."""
         client = self.client
-        if client.ps_replicas > 1:
+        if client.ps_replicas > 1 and not self._checkpoint_begun:  # once begun, every part goes to the checkpoint:
+            # a part sent from a mirror after another task's loss cut the restore short would be from another step
             restored = from_mirrors.restore(client, self.server.publish)
             if restored is not None:
                 for task, backup in sorted(restored.items()):
@@ -298,6 +301,7 @@ class Recovery:
                 return None
             self._say("a ps task lost every replica of its part (its backup was lost too, restarted since it was "
                       "last seeded, or cut off from it): restoring every ps task from the newest checkpoint")
+        self._checkpoint_begun = True
         restored_for = [ch.to for ch in client.channels]
         found = self.restore_source() if self.restore_source is not None else None
         if found is None:
