@@ -181,3 +181,18 @@ def test_a_forked_child_ending_leaves_its_parents_links_served(tmp_path):
         client.call(slot, {"step": step})
         assert client.reply(slot) == ("done", {"step": step})
     client.close()
+
+
+def test_the_after_hook_runs_once_each_call_is_answered(tmp_path):
+    """What a server does while its caller computes (a ps reading its backup's acks) runs after each reply."""
+    ran = threading.Semaphore(0)
+    client = shm_link.LinkClient(SPECS, SPECS, directory=str(tmp_path))
+    assert shm_link.serve(client.offer, _double, after=ran.release)
+    client.connect()
+    for step in range(3):
+        slot = step % shm_link.SLOTS
+        client.call(slot, {"step": step})
+        assert client.reply(slot) == ("done", {"step": step})
+        assert ran.acquire(timeout=10)
+    assert not ran.acquire(blocking=False)  # once per call
+    client.close()

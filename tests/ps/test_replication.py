@@ -3,6 +3,7 @@ connection the test drives (frames pickled as the wire would, acknowledged when 
 
 from __future__ import annotations
 
+import concurrent.futures
 import pickle
 import threading
 import time
@@ -428,6 +429,54 @@ def test_a_thread_that_may_wait_sends_on_its_own_connection_and_reads_the_acks_i
     assert primary.finish(0).done()  # a finish waits for every op: this thread reads every ack, its own included
     link.flush()
     _same(primary, link.mirrors["ps:1"])
+
+
+def test_a_thread_that_settles_after_its_reply_holds_back_no_other_workers_reply():
+    """Acks count in order. Worker 0's thread leaves its newest op's ack unread when it replies (reading it would make
+    that reply wait a round trip); unread until its next op, it would hold back worker 1's reply to a later push.
+    `settle`, which a link's thread runs once its reply is out, reads it while worker 0 computes."""
+    link = FakeLink()
+
+    class Call:
+        def __init__(self, frame):
+            self.frame, self.value = frame, None
+
+        def result(self):
+            if self.value is None:
+                self.value = link.mirrors["ps:1"].receive(pickle.loads(pickle.dumps(self.frame))).wait()
+            return self.value
+
+    primary = _service(AsyncPolicy(), num_workers=2)
+    replica = Replicator("model", 0, "ps:0", 1, primary._lock, lambda: _snapshot.take(primary), link.call,
+                         lambda e: isinstance(e, Lost), link.wait_for_restart, lambda text: None,
+                         direct=lambda to: Call)
+    primary.replica = replica
+    link.mirrors["ps:1"] = Mirror("model", 0)
+    replica.seed("ps:1")
+    link.flush()
+    threads = [concurrent.futures.ThreadPoolExecutor(1) for _ in range(2)]  # each worker's link thread
+
+    def step(worker, s, settle):
+        reply = primary.push_pull(PushPull(worker, Ticket(0), _grads(primary, s), 0.1, s + 1))
+        if settle:
+            replica.settle()
+        return reply
+
+    try:
+        for worker in (0, 1):  # the first ops go by the messaging thread; each thread's own connection opens after
+            threads[worker].submit(step, worker, 0, False).result()
+        link.flush()
+        for s, (worker, settle) in enumerate([(0, False), (1, False), (1, False)], start=1):
+            threads[worker].submit(step, worker, s, settle).result()
+        stuck = threads[1].submit(step, 1, 4, False).result()
+        assert not stuck.done()  # worker 0's push 1, its thread's newest op, is unread: worker 1 waits for it
+        threads[0].submit(replica.settle).result()
+        assert stuck.done()  # worker 0's thread read it once its reply was out
+        for s, worker in enumerate((0, 1, 1, 0, 0), start=5):  # settling after each reply, no worker waits on another
+            assert threads[worker].submit(step, worker, s, True).result().done()
+    finally:
+        for t in threads:
+            t.shutdown()
 
 
 @pytest.mark.parametrize("replicas, num_ps, ok", [(1, 1, True), (2, 2, True), (2, 5, True), (2, 1, False),

@@ -253,11 +253,12 @@ Handler = Callable[[Any, List[torch.Tensor], List[torch.Tensor]], Any]
 
 
 def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server",
-          on_end: Optional[Callable[[], None]] = None) -> bool:
+          on_end: Optional[Callable[[], None]] = None, after: Optional[Callable[[], None]] = None) -> bool:
     """Serve `offer` in a thread: handler(header, request tensors, reply tensors) returns the reply header, or a
     future of it, having written (or writing, before it completes) the reply tensors. False when the offer's files are
     not on this host (the caller then keeps using RPC). `on_end()` runs in that thread once the caller is gone (not
-    when this process exits)."""
+    when this process exits); `after()` after each call is answered (or its answer deferred): work that may wait, done
+    while the caller computes its next call."""
     try:
         requests = _slots(offer, "q", offer.requests, create=False)
         replies = _slots(offer, "r", offer.replies, create=False)
@@ -306,6 +307,8 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
                     result.add_done_callback(lambda f, slot=slot: answer(slot, f))
                 else:
                     _send(slot, True, result)
+                if after is not None:
+                    after()
         finally:
             for fd in (request_fd, reply_fd):
                 try:

@@ -320,7 +320,16 @@ def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:
     """Serve `worker`'s push-pulls of the model through its shared-memory link (it is on this host); False when
     the link's files are not here (the worker keeps RPC)."""
     _get(model)
-    return _shm_link.serve(offer, _linked.handler(lambda: _get(model)), name=f"towerflow-link-{model}-{worker}")
+    return _shm_link.serve(offer, _linked.handler(lambda: _get(model)), name=f"towerflow-link-{model}-{worker}",
+                           after=lambda: _settle(model))
+
+
+def _settle(model: str) -> None:
+    """A link thread's work after each reply (`Replicator.settle`); nothing when the model is no longer served here
+    (the worker's next call says so)."""
+    service = _services.get(model)
+    if service is not None:
+        service.replica.settle()
 
 
 @_transport.deferred

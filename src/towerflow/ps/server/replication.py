@@ -181,6 +181,13 @@ class Replicator:
                     now.append(entry)
         _complete(now)
 
+    def settle(self) -> None:
+        """After this thread's reply went out (a same-host link's thread, while its worker computes): read the acks of
+        every op it sent on its own connection, the newest too. Acks count in order, so one left unread until this
+        thread's next op would hold back the other workers' replies that wait for a later op."""
+        if self._own is not None:
+            self._read_own_acks(self.seq)
+
     def _gate(self, worker: Optional[int]) -> int:
         """The op the backup must have acknowledged before this reply goes."""
         if worker is None:

@@ -28,6 +28,9 @@ class Unreplicated:
     def forward(self, op: ReplicaOp) -> None:
         pass
 
+    def settle(self) -> None:
+        """Nothing to read: no backup."""
+
     def deliver(self, released: Released) -> None:
         complete(released)
 
