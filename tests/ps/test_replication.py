@@ -389,6 +389,18 @@ def test_a_primary_restored_from_its_mirror_continues_exactly_as_the_unkilled_on
     _same(reference, restored)
 
 
+class _OwnCall:
+    """An op sent on a thread's own connection: the backup gets it, and acks, only when the thread reads the ack."""
+
+    def __init__(self, link, frame):
+        self.link, self.frame, self.value = link, frame, None
+
+    def result(self):
+        if self.value is None:
+            self.value = self.link.mirrors["ps:1"].receive(pickle.loads(pickle.dumps(self.frame))).wait()
+        return self.value
+
+
 def test_a_thread_that_may_wait_sends_on_its_own_connection_and_reads_the_acks_itself():
     """A same-host link's thread: the first op goes by the messaging thread (opening a connection waits for the
     backup, never under the service's lock), later ones on the thread's own connection, whose acks it reads when
@@ -396,19 +408,9 @@ def test_a_thread_that_may_wait_sends_on_its_own_connection_and_reads_the_acks_i
     link = FakeLink()
     opened = []
 
-    class Call:
-        def __init__(self, frame):
-            self.frame, self.value = frame, None
-
-        def result(self):
-            if self.value is None:
-                self.value = link.mirrors["ps:1"].receive(pickle.loads(pickle.dumps(self.frame))).wait()
-            return self.value
-
     def direct(to):
         opened.append(to)
-        calls = []
-        return lambda frame: calls.append(Call(frame)) or calls[-1]
+        return lambda frame: _OwnCall(link, frame)
 
     primary = _service(AsyncPolicy())
     replica = Replicator("model", 0, "ps:0", 1, primary._lock, lambda: _snapshot.take(primary), link.call,
@@ -436,20 +438,10 @@ def test_a_thread_that_settles_after_its_reply_holds_back_no_other_workers_reply
     that reply wait a round trip); unread until its next op, it would hold back worker 1's reply to a later push.
     `settle`, which a link's thread runs once its reply is out, reads it while worker 0 computes."""
     link = FakeLink()
-
-    class Call:
-        def __init__(self, frame):
-            self.frame, self.value = frame, None
-
-        def result(self):
-            if self.value is None:
-                self.value = link.mirrors["ps:1"].receive(pickle.loads(pickle.dumps(self.frame))).wait()
-            return self.value
-
     primary = _service(AsyncPolicy(), num_workers=2)
     replica = Replicator("model", 0, "ps:0", 1, primary._lock, lambda: _snapshot.take(primary), link.call,
                          lambda e: isinstance(e, Lost), link.wait_for_restart, lambda text: None,
-                         direct=lambda to: Call)
+                         direct=lambda to: lambda frame: _OwnCall(link, frame))
     primary.replica = replica
     link.mirrors["ps:1"] = Mirror("model", 0)
     replica.seed("ps:1")
