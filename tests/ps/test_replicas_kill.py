@@ -171,8 +171,11 @@ def test_connections_cut_to_ps_tasks_that_live_on_lose_no_update(tmp_path, monke
     assert torch.equal(killed["variables"]["0.weight"], alone["variables"]["0.weight"])
     _assert_equal(killed["ps_state"], alone["ps_state"], "ps_state")
     recoveries = killed["recoveries"]
-    assert [r["ps_task"] for r in recoveries] == [0, 1] and all(r["reconnected"] for r in recoveries), output
-    assert output.count("had not stopped (its heartbeats went on): connected again") == 2
+    # one recovery per cut, or one for both when the worker saw the two together (a fast machine: the second cut
+    # can come before the first is noticed)
+    seen = sorted(t for r in recoveries for t in (r["ps_task"] if isinstance(r["ps_task"], list) else [r["ps_task"]]))
+    assert seen == [0, 1] and all(r["reconnected"] for r in recoveries), output
+    assert output.count("had not stopped (its heartbeats went on): connected again") == len(recoveries), output
     assert "restarting it" not in output and "restored" not in output
 
 
