@@ -101,3 +101,16 @@ def test_records_are_bounded(monkeypatch):
     log = towerflow.placement_log()
     assert len(log) == 5
     assert sum(log.summary().ops_per_device.values()) == 20
+
+
+def test_a_strategy_made_with_the_log_on_starts_in_a_fresh_process():
+    """The first strategy of a process makes its device table under the placement log: the table's own torch calls
+    must not be logged, which would ask for the table being made (the process hung so)."""
+    import subprocess
+    import sys
+
+    code = ("import towerflow\n"
+            "towerflow.configure(log_device_placement='summary')\n"
+            "print(towerflow.OneDeviceStrategy().device)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.split()[0] in ("cpu", "cuda:0"), done.stderr[-2000:]

@@ -139,7 +139,7 @@ def test_the_same_script_trains_its_hash_table_in_one_process_and_on_a_parameter
     script = os.path.join(os.path.dirname(__file__), "_hash_script.py")
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TF_CONFIG", "TOWERFLOW_DEVICE")}
-    env["PYTHONPATH"] = src
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])  # keep where packages are
     runs = {
         "one process": [sys.executable, script],
         "ps": [sys.executable, "-m", "towerflow", "launch", "--ps", "1", "--workers", "1", script],

@@ -171,6 +171,15 @@ _table: Optional[DeviceTable] = None
 _in_use = False  # set once a split device has been placed on; TF then refuses to re-split
 
 
+_building = threading.local()
+
+
+def building() -> bool:
+    """Whether this thread is making the device table now: the torch calls it makes (`torch.device`) are its own,
+    for the placement mode to run as they are, not to place or log (that would ask for the table being made)."""
+    return getattr(_building, "active", False)
+
+
 def table() -> DeviceTable:
     global _table
     found = _table
@@ -178,7 +187,11 @@ def table() -> DeviceTable:
         return found
     with _lock:
         if _table is None:
-            _table = DeviceTable(_split(_physical.discover(), _config.current().logical_devices or {}))
+            _building.active = True
+            try:
+                _table = DeviceTable(_split(_physical.discover(), _config.current().logical_devices or {}))
+            finally:
+                _building.active = False
         return _table
 
 

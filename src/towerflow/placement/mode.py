@@ -225,6 +225,8 @@ class PlacementMode(TorchFunctionMode):
         return self._slow(func, kind, frames[-1] if frames else _scope._default_frame, args, kwargs or {})
 
     def _slow(self, func, kind, frame, args, kwargs):
+        if _logical.building():  # the device table's own torch calls, made while it is being made
+            return func(*args, **kwargs)
         _, base, op_type = _kinds[func]
         if frame is None:  # no scope, only the log: run where the inputs are
             return self._observe(func, args, kwargs, base, op_type)
