@@ -76,6 +76,19 @@ def test_a_silent_task_that_may_restart_gets_the_join_timeout_on_top(monkeypatch
         s.membership.check_heartbeats(task, silent(20, incarnation=1))
 
 
+def test_a_task_watched_again_after_it_was_done_gets_a_fresh_wait(monkeypatch):
+    """A ps task is done from its start, so nobody watches it; its restarted incarnation takes that done back before
+    its first beat. The old incarnation's silence while it was not watched must not count then."""
+    s = _server(monkeypatch)
+    task = [t for t in s.cluster.tasks() if t.task == 0]
+    seen = {"/job:worker/task:0": ((0, 0), time.monotonic() - 80)}  # last watched 80 s ago, when it had not joined
+    s.membership.check_heartbeats([], seen)  # done (or stood in for): not watched
+    s.membership.check_heartbeats(task, seen)  # watched again: a fresh wait, not 80 s of silence
+    assert time.monotonic() - seen["/job:worker/task:0"][1] < 1
+    with pytest.raises(ClusterError, match="no heartbeat for 15 s"):  # a task watched all along is still given up
+        s.membership.check_heartbeats(task, {"/job:worker/task:0": ((0, 0), time.monotonic() - 80)})
+
+
 def test_a_restarted_task_takes_over_a_dead_holders_slot_but_not_a_live_ones(monkeypatch):
     s = _server(monkeypatch, restarts=1)
     live = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "incarnation": 0})

@@ -239,6 +239,9 @@ class Membership:
         the time a restarted task has to come back; its new incarnation beats the same counter.
         """
         now = time.monotonic()
+        watched = {task_name(t.job, t.task) for t in running}
+        for name in [n for n in seen if n not in watched]:  # done or stood in for meanwhile: its silence then does not
+            del seen[name]  # count when it is watched again (a restarted incarnation takes its done back before it beats)
         for t, (count, incarnation) in zip(running, self.beats_of(running)):
             name = task_name(t.job, t.task)
             last = seen.get(name)
