@@ -11,6 +11,8 @@
 #                                           # the suite without the real schedulers (no package registry there)
 #   bash benchmarks/gpu_session.sh check    # one 10-minute command: the gpu tests beside the rest of the suite
 #                                           # (16 cores hold both), then smi and the sparse ps, GPU against CPU
+#   bash benchmarks/gpu_session.sh profile  # the sparse ps's workers under torch.profiler, on the GPU then the
+#                                           # CPU (10 steps each from global step 200; tables in $OUT/profile-*)
 #
 # Every failure's report is written to $OUT/failures-PID.log as it happens (benchmarks/_failures_now.py), so a
 # part cut short by its bound still says why each test it ran failed.
@@ -101,5 +103,14 @@ case "${1:-all}" in
             timeout 45 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600
             CUDA_VISIBLE_DEVICES= timeout 45 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600
         } 2>&1 | tee "$OUT/bench.log" ;;
-    *) echo "usage: $0 tests|suite|bench|all|short|check" >&2; exit 2 ;;
+    profile)
+        # why the sparse ps's GPU workers make 0.38x the samples/s of CPU workers: each worker's own ops, ranked
+        for where in gpu cpu; do
+            rm -rf "$OUT/profile-$where"
+            if [ $where = cpu ]; then export CUDA_VISIBLE_DEVICES=; fi
+            timeout 120 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600 \
+                --profile 200 --logdir "$OUT/profile-$where" 2>&1 | tail -6
+            head -30 "$OUT/profile-$where"/profile/worker0-*.txt
+        done 2>&1 | tee "$OUT/profile.log" ;;
+    *) echo "usage: $0 tests|suite|bench|all|short|check|profile" >&2; exit 2 ;;
 esac

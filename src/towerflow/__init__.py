@@ -55,8 +55,8 @@ _LAZY = {
     **_lazy.names_from("towerflow.strategies", ["MirroredStrategy", "MultiWorkerMirroredStrategy", "OneDeviceStrategy",
                                                 "Strategy", "strategy_from_env"]),
     "ParameterServerStrategy": "towerflow.strategies.parameter_server",
-    **_lazy.names_from("towerflow.session", ["CheckpointManager", "MonitoredTrainingSession", "SessionHook",
-                                             "StopAtStepHook"]),
+    **_lazy.names_from("towerflow.session", ["CheckpointManager", "MonitoredTrainingSession", "ProfilerHook",
+                                             "SessionHook", "StopAtStepHook"]),
     **_lazy.names_from("towerflow.ps", ["Layout", "plan_layout"]),
     **_lazy.names_from("towerflow.training", ["Progress", "evaluate", "set_seed", "train_step"]),
     **_lazy.names_from("towerflow.data.batch_facts", ["BatchFacts", "batch_facts"]),
@@ -87,7 +87,13 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from towerflow.devices.spec import DeviceSpec  # noqa: F401
     from towerflow.placement import OpInfo, PlacementLog, PlacementRecord, device, placement_log  # noqa: F401
     from towerflow.ps import Layout, plan_layout  # noqa: F401
-    from towerflow.session import CheckpointManager, MonitoredTrainingSession, SessionHook, StopAtStepHook  # noqa: F401
+    from towerflow.session import (  # noqa: F401
+        CheckpointManager,
+        MonitoredTrainingSession,
+        ProfilerHook,
+        SessionHook,
+        StopAtStepHook,
+    )
     from towerflow.strategies import (  # noqa: F401
         MirroredStrategy,
         MultiWorkerMirroredStrategy,

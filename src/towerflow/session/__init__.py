@@ -12,6 +12,7 @@ from towerflow.session.hooks import (
     SummaryHook,
 )
 from towerflow.session.monitored import MonitoredTrainingSession
+from towerflow.session.profiling import ProfilerHook
 
 __all__ = [
     "CheckpointHook",
@@ -21,6 +22,7 @@ __all__ = [
     "MonitoredTrainingSession",
     "NanGuardHook",
     "NanLossError",
+    "ProfilerHook",
     "ProgressHook",
     "RestoredState",
     "SessionHook",
