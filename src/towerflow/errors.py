@@ -64,6 +64,10 @@ class ClusterSpecError(ClusterError, ValueError):
     """Raised when a cluster description (dict, JSON, flags, TF_CONFIG, torchrun variables) is invalid."""
 
 
+class TaskEnvironmentError(ClusterSpecError, StrategyError, ConfigError):
+    """Raised when a variable of the task environment has a value towerflow cannot use."""
+
+
 class SchedulerError(ClusterSpecError):
     """Raised when a scheduler's environment (Slurm, MPI, Kubernetes, torchrun) cannot be resolved to a cluster."""
 

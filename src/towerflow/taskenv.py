@@ -6,8 +6,8 @@ scheduler or a user may set some of them too. Every other module asks `current()
 itself, so there is one TF_CONFIG parser, one chief rule, one set of defaults and one set of
 error messages. docs/architecture.md, "The environment contract", lists the same variables.
 
-This module sits at the bottom of the layers (it imports only `errors`), so the devices layer
-can name `/job:x/task:y` without knowing about clusters.
+This module sits at the bottom of the layers (it imports only `errors` and the etcd URL grammar), so
+the devices layer can name `/job:x/task:y` without knowing about clusters.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from towerflow.errors import ClusterSpecError, ConfigError, StrategyError
+from towerflow.errors import TaskEnvironmentError
+from towerflow.etcd_url import parse_etcd_url
 
 # ---- the variables (docs/architecture.md keeps the table)
 ENV_JOB_NAME = "TOWERFLOW_JOB_NAME"  # this task's job (the launcher; also TF_CONFIG's task type)
@@ -70,64 +71,6 @@ PS_MODES = ("async", "sync", "ssp")
 MAX_PS_REPLICAS = 2  # a primary and one backup
 PS_LINKS = ("shm", "rpc")
 TOWERS_ALLOCATORS = ("keep", "system")
-
-
-class TaskEnvironmentError(ClusterSpecError, StrategyError, ConfigError):
-    """Raised when a variable of the task environment has a value towerflow cannot use."""
-
-
-ETCD_SCHEME = "etcd://"
-ETCD_PORT = 2379  # etcd's client port
-ETCD_FORM = "etcd://HOST[:PORT][,HOST[:PORT]...][/PREFIX] (each member's client address, port 2379 by default)"
-
-
-@dataclasses.dataclass(frozen=True)
-class EtcdAddress:
-    """Where a cluster keeps its rendezvous in etcd: the members to ask, and the run's key prefix
-    (None: the rendezvous names it after the cluster spec)."""
-
-    endpoints: Tuple[Tuple[str, int], ...]
-    prefix: Optional[str] = None
-
-    def url(self) -> str:
-        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints)
-        return ETCD_SCHEME + hosts + (f"/{self.prefix}" if self.prefix else "")
-
-
-def is_etcd_url(text: Optional[str]) -> bool:
-    return bool(text) and text.startswith(ETCD_SCHEME)
-
-
-def parse_etcd_url(text: str, where: str) -> EtcdAddress:
-    """`etcd://h1:2379,h2:2379/run-1` -> EtcdAddress; `where` (the flag or variable) names the value in errors."""
-    def bad(problem: str) -> TaskEnvironmentError:
-        return TaskEnvironmentError(f"{where}={text!r}: {problem}; expected {ETCD_FORM}, e.g. "
-                                    "etcd://h1:2379,h2:2379,h3:2379")
-
-    if not is_etcd_url(text):
-        scheme = text.split("://", 1)[0] + "://" if "://" in text else None
-        raise bad(f"{scheme!r} is not a store towerflow knows (only etcd:// is)" if scheme else "no etcd:// scheme")
-    hosts, _, prefix = text[len(ETCD_SCHEME):].partition("/")
-    endpoints = []
-    for item in hosts.split(","):
-        item = item.strip()
-        host, port = item, str(ETCD_PORT)
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port = rest[1:] if rest.startswith(":") else port if not rest else "?"
-        elif item.count(":") == 1:
-            host, port = item.split(":")
-        if not host or item.count(":") > 1 and not item.startswith("["):
-            raise bad(f"{item!r} is not HOST or HOST:PORT (an IPv6 address goes in brackets: [fd00::1]:2379)")
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise bad(f"the port of {item!r} is not a number between 1 and 65535")
-        endpoints.append((host, int(port)))
-    if len(set(endpoints)) != len(endpoints):
-        raise bad("a member is named twice")
-    prefix = prefix.strip("/")
-    if prefix and any(not part or part in (".", "..") for part in prefix.split("/")):
-        raise bad(f"the prefix {prefix!r} has an empty or relative part")
-    return EtcdAddress(tuple(endpoints), prefix or None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -148,7 +148,7 @@ def test_a_launch_with_store_meets_in_etcd_and_the_launcher_hosts_nothing(etcd, 
     assert run.wait(90) == 0, run.describe()
     assert run.out.count("Hello, this is") == 3
     from towerflow.cluster.etcd_store import EtcdStore
-    from towerflow.taskenv import parse_etcd_url
+    from towerflow.etcd_url import parse_etcd_url
 
     seen = EtcdStore(cluster.endpoints, "towerflow/" + parse_etcd_url(url, "url").prefix, timeout=1)
     assert seen.check(["towerflow/coordinator", "towerflow/slot/ps/0", "towerflow/cluster/end"])

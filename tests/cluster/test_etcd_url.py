@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from towerflow import taskenv
+from towerflow import etcd_url, taskenv
 from towerflow.errors import TowerflowError
 from towerflow.launch.config import LaunchConfig
 from towerflow.launch.planning import plan_launch
@@ -17,9 +17,9 @@ from towerflow.launch.planning import plan_launch
     ("etcd://[fd00::1]:2380,h2/runs/7", (("fd00::1", 2380), ("h2", 2379)), "runs/7"),
 ])
 def test_an_etcd_url_names_its_members_and_the_run_s_prefix(url, endpoints, prefix):
-    address = taskenv.parse_etcd_url(url, "--store")
+    address = etcd_url.parse_etcd_url(url, "--store")
     assert (address.endpoints, address.prefix) == (endpoints, prefix)
-    assert taskenv.parse_etcd_url(address.url(), "--store") == address
+    assert etcd_url.parse_etcd_url(address.url(), "--store") == address
 
 
 @pytest.mark.parametrize("url, problem", [
@@ -32,7 +32,7 @@ def test_an_etcd_url_names_its_members_and_the_run_s_prefix(url, endpoints, pref
 ])
 def test_a_bad_url_is_refused_with_the_value_the_form_and_an_example(url, problem):
     with pytest.raises(taskenv.TaskEnvironmentError) as e:
-        taskenv.parse_etcd_url(url, "--store")
+        etcd_url.parse_etcd_url(url, "--store")
     text = str(e.value)
     assert f"--store={url!r}" in text and problem in text
     assert "expected etcd://HOST[:PORT]" in text and "e.g. etcd://h1:2379,h2:2379,h3:2379" in text

@@ -29,6 +29,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.spec import split_address
 from towerflow.errors import ClusterTimeoutError, PeerLostError
@@ -232,7 +233,7 @@ def _board() -> Optional[_Board]:
         return _Board(_attached)
     env = _task_env()
     address = env.store
-    if address and _taskenv.is_etcd_url(address):
+    if address and etcd_url.is_etcd_url(address):
         from towerflow.cluster import stores
         from towerflow.cluster.spec import ClusterSpec
 

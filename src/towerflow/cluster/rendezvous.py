@@ -27,6 +27,7 @@ from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import ending as _ending
 from towerflow.cluster import stores as _stores
 from towerflow.cluster.stores import proof
+from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import ClusterSpec, split_address
@@ -137,7 +138,7 @@ class Rendezvous:
                 self.port = self._sock.getsockname()[1]
             except OSError as e:
                 bind_error = e
-        if _taskenv.is_etcd_url(self.store_address):
+        if etcd_url.is_etcd_url(self.store_address):
             self.store = _stores.open_etcd(self.store_address, self.cluster, self.join_timeout,
                                            max(1.0, deadline - time.monotonic()), self.name)
             info = _stores.publish_or_read(self.store, self.cluster, self.token, self.name)[0]

@@ -21,6 +21,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from towerflow import library_env as _library_env
+from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import ending as _ending
@@ -207,7 +208,7 @@ class Server:
             return self.binding.host
         c = self.cluster.coordinator()
         store = self.rendezvous.store_address
-        if store is None or _taskenv.is_etcd_url(store):  # etcd: the route towards the coordinator's host
+        if store is None or etcd_url.is_etcd_url(store):  # etcd: the route towards the coordinator's host
             store = self.cluster.task_address(c.job, c.task)
         return _addresses.route_source(_addresses.resolve(split_address(store)[0])[0])
 
@@ -278,7 +279,7 @@ class Server:
         except Exception as e:  # the store went away: the coordinator is gone (or, etcd, no member answers)
             self._close(graceful=False)
             c = self.cluster.coordinator()
-            lost = "store" if _taskenv.is_etcd_url(self.rendezvous.store_address) else "coordinator"
+            lost = "store" if etcd_url.is_etcd_url(self.rendezvous.store_address) else "coordinator"
             raise PeerLostError(f"{self.name} lost the cluster's {lost} while waiting for the others: {e}",
                                 task=task_name(c.job, c.task)) from None
         self._close(graceful=True)

@@ -17,6 +17,7 @@ import secrets
 import socket
 from typing import Optional, Tuple
 
+from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
@@ -61,7 +62,7 @@ def host_rendezvous(cluster: ClusterLike, token: Optional[str], address: str, ti
     return serve_store(sock, cluster, token, f"towerflow launch (pid {os.getpid()})", timeout)[0]
 
 
-def etcd_prefix(address: _taskenv.EtcdAddress, cluster: ClusterSpec) -> str:
+def etcd_prefix(address: etcd_url.EtcdAddress, cluster: ClusterSpec) -> str:
     """The run's keys in etcd: under the URL's prefix, else one named after the cluster spec (so that
     clusters of other specs sharing an etcd never meet)."""
     return f"towerflow/{address.prefix or cluster.fingerprint()[:16]}"
@@ -70,7 +71,7 @@ def etcd_prefix(address: _taskenv.EtcdAddress, cluster: ClusterSpec) -> str:
 def open_etcd(url: str, cluster: ClusterSpec, timeout: float, reach_within: float, who: str):
     """The rendezvous store of `cluster` in etcd at `url` (a TOWERFLOW_STORE value). ClusterJoinError
     naming every member and why, when none answers within `reach_within` s (never a hang)."""
-    address = _taskenv.parse_etcd_url(url, _taskenv.ENV_STORE)
+    address = etcd_url.parse_etcd_url(url, _taskenv.ENV_STORE)
     try:
         store = _transport.connect_etcd(address.endpoints, etcd_prefix(address, cluster), timeout, reach_within)
     except ConnectionError as e:

@@ -13,7 +13,7 @@ import gc
 import os
 import sys
 
-from towerflow import taskenv
+from towerflow import etcd_url, taskenv
 from towerflow.cluster.gather import complete
 from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
@@ -32,7 +32,7 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
     pass_ps_mode(config, bool(config.ps) or (resolved is not None and "ps" in resolved.jobs))
     ps_argv = argv if config.ps_runs_script else None
     logdir = os.path.abspath(config.logdir) if config.logdir else None
-    store = taskenv.parse_etcd_url(config.store, "--store").url() if config.store else None
+    store = etcd_url.parse_etcd_url(config.store, "--store").url() if config.store else None
     if resolved is not None:
         plan = plan_scheduled(argv, resolved, logdir=logdir, ps_argv=ps_argv, master_port=config.master_port,
                               store=store)
