@@ -108,8 +108,8 @@ case "${1:-all}" in
         for where in gpu cpu; do
             rm -rf "$OUT/profile-$where"
             if [ $where = cpu ]; then export CUDA_VISIBLE_DEVICES=; fi
-            timeout 120 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600 \
-                --profile 200 --logdir "$OUT/profile-$where" 2>&1 | tail -6
+            timeout 120 $PY -m towerflow launch --ps 2 --workers 2 --profile-steps 200 --logdir "$OUT/profile-$where" \
+                examples/ctr_ps.py --rows 100000 --steps 600 2>&1 | tail -6
             head -30 "$OUT/profile-$where"/profile/worker0-*.txt
         done 2>&1 | tee "$OUT/profile.log" ;;
     *) echo "usage: $0 tests|suite|bench|all|short|check|profile" >&2; exit 2 ;;

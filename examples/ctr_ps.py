@@ -152,13 +152,7 @@ def parse_args(argv=None):
     p.add_argument("--save-checkpoint-steps", "--save_checkpoint_steps", type=int, default=0,
                    help="the chief checkpoints every N global steps (with --logdir; 0: never — at 1M rows a "
                         "checkpoint of 26 tables and their optimizer state is gigabytes)")
-    p.add_argument("--profile", type=int, default=None, metavar="STEP",
-                   help="profile 10 of each worker's steps from global step STEP (torch.profiler: a trace and a table "
-                        "of the ops per worker in LOGDIR/profile; needs --logdir)")
-    args = p.parse_args(argv)  # the cluster flags (--ps_hosts ...) are accepted here and read by the Server
-    if args.profile is not None and not args.logdir:
-        p.error(f"--profile {args.profile} writes its files under the logdir: add --logdir DIR")
-    return args
+    return p.parse_args(argv)  # the cluster flags (--ps_hosts ...) are accepted here and read by the Server
 
 
 def main(argv=None):
@@ -195,9 +189,7 @@ def main(argv=None):
 
     start, steps, minimum, losses = time.perf_counter(), 0, 0, []
     with towerflow.MonitoredTrainingSession(  # global steps: all workers' updates count (one process: its own)
-        model, optimizer, strategy=strategy, logdir=args.logdir,
-        hooks=[towerflow.StopAtStepHook(last_step=args.steps)]
-        + ([towerflow.ProfilerHook(args.profile, 10)] if args.profile is not None else []),
+        model, optimizer, strategy=strategy, logdir=args.logdir, hooks=[towerflow.StopAtStepHook(last_step=args.steps)],
         save_checkpoint_steps=args.save_checkpoint_steps or None, save_checkpoint_secs=None, log_step_count_steps=0,
         progress=False,
     ) as session:

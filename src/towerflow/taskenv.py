@@ -49,6 +49,8 @@ ENV_PS_PROMOTE_AFTER = "TOWERFLOW_PS_PROMOTE_AFTER"  # seconds a lost primary's 
 ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers keep freed memory for the next step) | system
 ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always remote calls)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
+ENV_PROFILE_FROM = "TOWERFLOW_PROFILE_FROM"  # --profile-steps START: profile each task from this global step on
+ENV_PROFILE_STEPS = "TOWERFLOW_PROFILE_STEPS"  # --profile-steps START:COUNT: how many of its steps
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
 ENV_SCHEDULER = "TOWERFLOW_SCHEDULER"  # which scheduler resolver to use instead of detecting one (cluster/schedulers)
 ENV_PS_TASKS = "TOWERFLOW_PS_TASKS"  # how many of a scheduler's ranks are ps tasks (roles; `towerflow cluster --ps`)
@@ -108,6 +110,8 @@ class TaskEnv:
     ps_link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
     towers_allocator: str = "keep"  # TOWERFLOW_TOWERS_ALLOCATOR: whether towers in one process tune glibc malloc
     ps_local_steps: Optional[int] = None
+    profile_from: Optional[int] = None  # a MonitoredTrainingSession profiles its steps from this global step on
+    profile_steps: Optional[int] = None
     threads_set_by_user: bool = False  # OMP_NUM_THREADS is set: do not split the CPU's cores
     socket_ifnames: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the ones already set
     scheduler_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # scheduler_variables(env): for the resolvers
@@ -228,6 +232,8 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         ps_link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
         towers_allocator=_choice(env, ENV_TOWERS_ALLOCATOR, TOWERS_ALLOCATORS) or "keep",
         ps_local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),
+        profile_from=_count(env, ENV_PROFILE_FROM),
+        profile_steps=_count(env, ENV_PROFILE_STEPS, minimum=1),
         threads_set_by_user=ENV_OMP_NUM_THREADS in env,
         socket_ifnames={k: env[k] for k in SOCKET_IFNAME_VARIABLES if env.get(k)},
         scheduler_env=scheduler_variables(env),

@@ -81,9 +81,10 @@ def test_a_hook_with_nowhere_to_write_says_so_before_training():
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_each_worker_of_a_launched_job_profiles_its_own_steps(launcher, tmp_path):
-    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", CTR, "--rows", "2000", "--tables",
-                          "4", "--steps", "80", "--test-size", "500", "--profile", "20", "--logdir", str(tmp_path))
+def test_the_launcher_profiles_each_worker_of_an_unchanged_script(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--profile-steps", "20",
+                          "--logdir", str(tmp_path), CTR, "--rows", "2000", "--tables", "4", "--steps", "80",
+                          "--test-size", "500")
     assert run.wait(100) == 0, run.describe()
     for worker in (0, 1):
         said = re.search(rf"\[worker:{worker}\] towerflow: worker:{worker}: profiled 10 steps \(global steps (\d+) to "
@@ -93,6 +94,19 @@ def test_each_worker_of_a_launched_job_profiles_its_own_steps(launcher, tmp_path
         assert "aten::" in (tmp_path / "profile" / said.group(2).rsplit("/", 1)[1].replace(".trace.json", ".txt")).read_text()
 
 
-def test_the_example_refuses_to_profile_without_a_logdir():
-    done = subprocess.run([sys.executable, CTR, "--profile", "5"], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 2 and "--profile 5 writes its files under the logdir: add --logdir DIR" in done.stderr
+def _launch(*flags):
+    return subprocess.run([sys.executable, "-m", "towerflow", "launch", "--workers", "1", *flags, CTR],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_the_launcher_refuses_to_profile_without_a_logdir():
+    done = _launch("--profile-steps", "5")
+    assert done.returncode != 0
+    assert "--profile-steps 5:10 writes each task's trace and table under the logdir: add --logdir DIR" in done.stderr
+
+
+@pytest.mark.parametrize("window", ["5:0", "-3", "ten"])
+def test_the_launcher_refuses_a_bad_window_with_an_example(window, tmp_path):
+    done = _launch(f"--profile-steps={window}", "--logdir", str(tmp_path))
+    assert done.returncode == 2 and f"{window!r}: expected START or START:COUNT" in done.stderr
+    assert "e.g. --profile-steps 100" in done.stderr

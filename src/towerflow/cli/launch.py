@@ -88,6 +88,10 @@ def register(sub) -> None:
                     help="with --ps-replicas 2 and --mode async: replies may run up to N ops ahead of the backup "
                          "(default 0: each waits for it); a lost ps task then loses at most N acknowledged pushes, "
                          "reported")
+    p.add_argument("--profile_steps", "--profile-steps", dest="profile_steps", type=_profile_steps, default=None,
+                   metavar="START[:COUNT]",
+                   help="profile COUNT (default 10) of each task's training steps from global step START with "
+                        "torch.profiler: a trace and a table of the ops per task in LOGDIR/profile (needs --logdir)")
     p.add_argument("--ps_runs_script", "--ps-runs-script", dest="ps_runs_script", action="store_true",
                    help="ps tasks run the script too (for scripts that put work of their own on ps tasks); by default "
                         "they run `python -m towerflow.ps.serve`, which serves variables until every task is done")
@@ -110,6 +114,20 @@ def _local_steps(text: str) -> int:
     return value
 
 
+def _profile_steps(text: str) -> tuple:
+    """--profile-steps START[:COUNT]: a global step >= 0 and a number of steps >= 1 (10 when left out)."""
+    start, _, count = text.partition(":")
+    try:
+        window = (int(start), int(count) if count else 10)
+    except ValueError:
+        window = (-1, 0)
+    if window[0] < 0 or window[1] < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected START or START:COUNT, a global step >= 0 and a number of steps >= 1, e.g. "
+            "--profile-steps 100 (10 steps of each task from global step 100) or --profile-steps 100:5")
+    return window
+
+
 def config_of(args) -> LaunchConfig:
     """The parsed flags as the `LaunchConfig` that planning reads."""
     from towerflow.launch.config import LaunchConfig
@@ -121,7 +139,7 @@ def config_of(args) -> LaunchConfig:
         cluster_file=args.cluster, job_name=args.job_name, task_index=args.task_index, master_port=args.master_port,
         max_restarts=args.max_restarts, logdir=args.logdir, store=args.store, ps_runs_script=args.ps_runs_script, mode=args.mode,
         replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, local_steps=args.local_steps,
-        ps_replicas=args.ps_replicas, ps_replica_lag=args.ps_replica_lag,
+        ps_replicas=args.ps_replicas, ps_replica_lag=args.ps_replica_lag, profile=args.profile_steps,
     )
 
 

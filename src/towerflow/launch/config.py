@@ -43,6 +43,8 @@ class LaunchConfig:
     local_steps: Optional[int] = None
     ps_replicas: Optional[int] = None
     ps_replica_lag: Optional[int] = None
+    # a window of each task's training steps under torch.profiler: (from global step, how many)
+    profile: Optional[Tuple[int, int]] = None
 
     def ps_mode_flag(self) -> Optional[str]:
         """The first update-mode flag given, as the user wrote it (for messages), or None."""

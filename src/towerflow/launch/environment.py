@@ -108,6 +108,12 @@ def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], st
     _te.forget()
 
 
+def export_profile(start: int, steps: int) -> None:
+    """--profile-steps START:COUNT: every task's MonitoredTrainingSession profiles that window of its steps."""
+    os.environ[_te.ENV_PROFILE_FROM], os.environ[_te.ENV_PROFILE_STEPS] = str(start), str(steps)
+    _te.forget()
+
+
 def task_environment(
     cluster: ClusterSpec,
     job_name: str,

@@ -19,7 +19,7 @@ from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
 from towerflow.errors import LaunchError, TowerflowError
 from towerflow.launch.config import LaunchConfig
-from towerflow.launch.environment import export_ps_mode, has_token
+from towerflow.launch.environment import export_profile, export_ps_mode, has_token
 from towerflow.launch.local import LaunchPlan, command_for, plan_local, plan_one
 from towerflow.launch.scheduled import plan_scheduled, resolve_slot
 from towerflow.launch.supervisor import Supervisor
@@ -30,6 +30,11 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
     argv = command_for(config.script, config.script_args)  # a missing script fails before the slots meet
     resolved = None if config.cluster_file else _scheduled_slot(config)
     pass_ps_mode(config, bool(config.ps) or (resolved is not None and "ps" in resolved.jobs))
+    if config.profile is not None:
+        if not config.logdir:
+            raise TowerflowError(f"--profile-steps {':'.join(map(str, config.profile))} writes each task's trace and "
+                                 "table under the logdir: add --logdir DIR (they go to DIR/profile)")
+        export_profile(*config.profile)
     ps_argv = argv if config.ps_runs_script else None
     logdir = os.path.abspath(config.logdir) if config.logdir else None
     store = etcd_url.parse_etcd_url(config.store, "--store").url() if config.store else None

@@ -22,6 +22,7 @@ from towerflow.monitoring.accumulator import FlushRule
 from towerflow.monitoring.metrics import EVENT_END, EVENT_FAILED, EVENT_START, MetricsWriter
 from towerflow.session.checkpoint import CheckpointManager, RestoredState
 from towerflow.session.hooks import CheckpointHook, LoggingHook, MetricsHook, NanGuardHook, ProgressHook, SessionHook
+from towerflow.session.profiling import ProfilerHook
 
 
 def default_is_chief() -> bool:
@@ -80,6 +81,11 @@ class MonitoredTrainingSession:
         self._tensorboard = bool(save_summaries_steps)  # the metrics records mirrored to LOGDIR/tensorboard
         if progress:
             hooks.append(ProgressHook())
+        window = self.context.profile_from
+        if window is not None and not any(isinstance(h, ProfilerHook) for h in hooks):  # towerflow launch --profile-steps
+            where = self.context.logdir or logdir
+            hooks.append(ProfilerHook(window, self.context.profile_steps or 10,
+                                      os.path.join(where, "profile") if where else None))
         self.hooks: List[SessionHook] = [h for h in hooks if h.runs_on == "all" or self.is_chief]
 
     # ---- the global step lives in the strategy when there is one (its optimizer counts)
