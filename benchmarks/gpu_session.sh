@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu_session.sh short    # the three in one 10-minute command: each part and command bounded,
 #                                           # the suite without the real schedulers (no package registry there)
 #   bash benchmarks/gpu_session.sh check    # one 10-minute command: the gpu tests beside the rest of the suite
-#                                           # (16 cores hold both), then smi and the sparse ps, GPU against CPU
+#                                           # (16 cores hold both), then smi and the sparse ps, GPU against CPU,
+#                                           # each with 10 steps of its workers profiled
 #   bash benchmarks/gpu_session.sh profile  # the sparse ps's workers under torch.profiler, on the GPU then the
 #                                           # CPU (10 steps each from global step 200; tables in $OUT/profile-*)
 #
@@ -99,9 +100,12 @@ case "${1:-all}" in
         {
             echo "== towerflow smi against nvidia-smi"
             timeout 45 $PY benchmarks/gpu_smi.py --json "$OUT/gpu_smi.json"
-            echo "== ps with sparse tables, 600 steps: GPU workers, then CPU workers"
-            timeout 45 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600
-            CUDA_VISIBLE_DEVICES= timeout 45 $PY -m towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 100000 --steps 600
+            echo "== ps with sparse tables, 600 steps: GPU workers, then CPU workers (steps 200-210 profiled)"
+            timeout 45 $PY -m towerflow launch --ps 2 --workers 2 --profile-steps 200 --logdir "$OUT/profile-gpu" \
+                examples/ctr_ps.py --rows 100000 --steps 600
+            CUDA_VISIBLE_DEVICES= timeout 45 $PY -m towerflow launch --ps 2 --workers 2 --profile-steps 200 \
+                --logdir "$OUT/profile-cpu" examples/ctr_ps.py --rows 100000 --steps 600
+            head -25 "$OUT"/profile-*/profile/worker0-*.txt
         } 2>&1 | tee "$OUT/bench.log" ;;
     profile)
         # why the sparse ps's GPU workers make 0.38x the samples/s of CPU workers: each worker's own ops, ranked
