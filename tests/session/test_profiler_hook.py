@@ -110,3 +110,27 @@ def test_the_launcher_refuses_a_bad_window_with_an_example(window, tmp_path):
     done = _launch(f"--profile-steps={window}", "--logdir", str(tmp_path))
     assert done.returncode == 2 and f"{window!r}: expected START or START:COUNT" in done.stderr
     assert "e.g. --profile-steps 100" in done.stderr
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_window_records_its_kernels_and_ranks_the_ops_by_gpu_time(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook = ProfilerHook(start=2, steps=3, output_dir=str(tmp_path))
+
+    def step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    with MonitoredTrainingSession(model, opt, hooks=[StopAtStepHook(last_step=8), hook], log_step_count_steps=0,
+                                  progress=False) as session:
+        while not session.should_stop():
+            session.run(step, torch.randn(64, 256, device="cuda"))
+    events = json.loads(open(hook.written).read())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)  # the GPU's own kernels, not only the launches
+    table = open(hook.written.replace(".trace.json", ".txt")).read()
+    assert "CUDA" in table.splitlines()[2]  # the header: the GPU's time columns, by which the ops are ranked
