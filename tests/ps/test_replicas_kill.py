@@ -127,15 +127,19 @@ def test_with_a_replica_lag_a_killed_ps_task_loses_at_most_that_many_pushes(tmp_
 
 def test_the_chief_lost_with_a_ps_task_restores_it_from_its_mirror(tmp_path):
     """A host holding the chief and ps task 1 goes down: the restarted chief finds that task empty beside one that
-    kept its state and restores it from its mirror (not afresh from its own initial values), and the other worker,
-    waiting for that restore, goes on with nothing lost."""
-    # 100 steps a worker: the other worker, faster than the chief, is still training at the chief's step 15
+    kept its state and restores it from its mirror (not afresh from its own initial values), and no push of either
+    worker is lost: the other worker's (it may still be training, or have finished its steps before the chief's
+    step 15) and those of the chief's first incarnation."""
     output = _launch(["--ps", "2", "--workers", "2"], tmp_path, 100, "dense", "15:1+chief")
     final = _final(tmp_path)
     assert "killed ps tasks [1]" in output and "and the chief" in output
     assert re.search(r"restored /job:ps/task:1(, lost together with this chief,)? from its mirror", output), output
-    assert re.search(r"\[worker:1\] .*/job:ps/task:1 is back .*from its mirror.*lost: nothing", output), output
-    assert final["global_step"] >= 100
+    kept = re.search(r"\[worker:0\] .*rejoined training \(restart 1\) .*the ps kept its (\d+) earlier pushes", output)
+    assert kept, output
+    # the other worker's 100 pushes, the chief's first incarnation's, and the 100 of its restarted one
+    assert final["global_step"] == 100 + int(kept.group(1)) + 100, output
+    for line in re.findall(r"\[worker:1\] .*/job:ps/task:1 is back.*", output):  # said only if it was still training
+        assert "from its mirror" in line and "lost: nothing" in line, output
 
 
 def test_the_chief_lost_with_a_ps_task_and_no_mirror_restores_every_ps_task_from_the_checkpoint(tmp_path):
