@@ -211,3 +211,31 @@ def test_mirrored_ps_hosts_lost_for_good_one_after_the_other_leave_their_parts_t
         assert re.search(r"/job:ps/task:0 and then ps:1, the backup that served its part, were lost: its part is served "
                          r"by its backup ps:2 \(promoted\).*lost: nothing", p.output), p.output[-3000:]
     assert _accuracy(chief.output) >= 0.95
+
+
+def test_with_two_ps_tasks_on_each_host_a_ps_host_lost_for_good_loses_nothing(hosts, tmp_path):
+    """`--ps-replicas 2`, ps 0 and 1 on one host, ps 2 and 3 on another: each part's mirror is on the other host (the
+    ring takes the hosts in turn), so when the first host goes down for good with both its tasks, ps 2 and ps 3
+    serve their parts from their mirrors; both workers lose nothing and every task left ends 0."""
+    data = _mnist()
+    h = hosts(3)  # ps 0 and ps 1 | ps 2, ps 3 and the chief | worker 1
+    cluster = _cluster_file(tmp_path, {"ps": [f"{h[0].name}:2222", f"{h[0].name}:2223", f"{h[1].name}:2223",
+                                              f"{h[1].name}:2224"],
+                                       "worker": [f"{h[1].name}:2222", f"{h[2].name}:2222"]})
+    script = ["examples/mnist_ps.py", "--data", data, "--steps", "500"]
+    flags = ["--ps-replicas", "2", "--max-restarts", "1"]
+    ps = [h.launch(h[i // 2], cluster, "ps", i, script, TOKEN, flags) for i in range(4)]
+    chief = h.launch(h[1], cluster, "worker", 0, script, TOKEN, flags)
+    worker = h.launch(h[2], cluster, "worker", 1, script, TOKEN, flags)
+    wait_until(lambda: re.search(r"step [1-9]\d\d/", chief.output), 180, "the chief to pass step 100")
+    for p in ps[:2]:
+        p.kill()  # the host is gone for good: its launchers and tasks
+    for p in (ps[2], ps[3], chief, worker):
+        assert p.wait(240) == 0, p.output[-4000:]
+    assert re.search(r"promoted its mirror of /job:ps/task:0's part of \S+ \(in place of ps:0\)", ps[2].output)
+    assert re.search(r"promoted its mirror of /job:ps/task:1's part of \S+ \(in place of ps:1\)", ps[3].output)
+    for p in (chief, worker):
+        for task in (0, 1):
+            assert re.search(rf"/job:ps/task:{task} .*its part is served by its backup ps:{task + 2} .*lost: nothing",
+                             p.output), p.output[-3000:]
+    assert _accuracy(chief.output) >= 0.95

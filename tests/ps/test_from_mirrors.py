@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import types
 
-from towerflow.ps.replication_messages import MirrorState
+from towerflow.cluster.spec import ClusterSpec
+from towerflow.ps.replication_messages import MirrorState, backup_ring
 from towerflow.ps.worker import from_mirrors
 
 
-def _client(num_ps: int, incarnation: int = 1):
+def _client(num_ps: int, incarnation: int = 1, hosts=None):
+    hosts = hosts or ["localhost"] * num_ps
     server = types.SimpleNamespace(membership=types.SimpleNamespace(incarnation_of=lambda job, task: incarnation),
-                                   lookup=lambda key: None)
+                                   lookup=lambda key: None,
+                                   cluster=ClusterSpec({"ps": [f"{h}:{2222 + i}" for i, h in enumerate(hosts)]}))
     return types.SimpleNamespace(server=server, model_name="model", layout=types.SimpleNamespace(num_ps=num_ps))
 
 
@@ -54,3 +57,22 @@ def test_only_a_served_part_counts_beyond_the_backup(monkeypatch):
     asked = _ask(monkeypatch, {1: None, 2: MirrorState(SNAPSHOT, "ps:1", 40), 3: None})
     assert from_mirrors._find_mirror(_client(4), 0, {0}) is None
     assert asked == [1, 2, 3]  # round the ring once, never the lost task itself
+
+
+def test_the_ring_takes_the_hosts_in_turn_so_that_a_backup_is_on_another_host():
+    assert backup_ring(["a"] * 4) == (0, 1, 2, 3)  # one host: the next task, as always
+    assert backup_ring(["a", "a", "b", "b"]) == (0, 2, 1, 3)  # each part mirrored on the other host
+    assert backup_ring(["a", "b", "a", "b"]) == (0, 1, 2, 3)
+    assert backup_ring(["a", "a", "b"]) == (0, 2, 1)  # 1's backup is 0, on its host: no third host to take it
+    ring = backup_ring(["h0", "h1", "h2", "h0", "h1", "h2", "h0"])
+    assert sorted(ring) == list(range(7))
+    same_host = [(t, n) for t, n in zip(ring, ring[1:] + ring[:1]) if t % 3 == n % 3]
+    assert same_host == [(6, 0)]  # three tasks on h0 among seven: one of its parts must stay on it
+
+
+def test_with_two_ps_tasks_on_each_host_the_lost_tasks_mirror_is_sought_on_the_other_host(monkeypatch):
+    """ps 0 and ps 1 on one host, ps 2 and ps 3 on another: ps 0's part is mirrored on ps 2, so the chief finds it
+    there when the first host is lost with both its tasks."""
+    asked = _ask(monkeypatch, {2: MirrorState(SNAPSHOT, "ps:0", 7)})
+    state, holder = from_mirrors._find_mirror(_client(4, hosts=["a", "a", "b", "b"]), 0, {0, 1})
+    assert (state.snapshot, holder, asked) == (SNAPSHOT, 2, [2])

@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from towerflow.cluster.spec import ClusterSpec
 from towerflow.errors import ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import PROMOTED, move_key, part_key
@@ -140,8 +141,9 @@ class _Server:
     """ps task 0 is lost and its launcher does not bring it back within the promotion wait; with `restarts_used`
     at `max_restarts` it will not bring it back at all, and `beating` says whether the task lives on."""
 
-    def __init__(self, stood_in=(), max_restarts=3, restarts_used=0, beating=False):
+    def __init__(self, stood_in=(), max_restarts=3, restarts_used=0, beating=False, num_ps=2):
         self.name, self.max_restarts, self.heartbeat_timeout, self.incarnation = "/job:worker/task:0", max_restarts, 15.0, 0
+        self.cluster = ClusterSpec({"ps": [f"localhost:{2222 + i}" for i in range(num_ps)]})  # one host: 0, 1, 2, ...
         self.beats_watched = []
         self.membership = types.SimpleNamespace(
             join_timeout=60.0, stood_in=lambda: frozenset(stood_in), incarnation_of=lambda job, task: restarts_used,
@@ -167,7 +169,7 @@ class _Client(_RecordingClient):
 
     def __init__(self, stood_in=(), num_ps=2, **server):
         super().__init__([_Channel(t, 10, [9, 10]) for t in range(num_ps)], replica_lag=0)
-        self.server, self.ps_replicas, self.pushes = _Server(stood_in, **server), 2, 10
+        self.server, self.ps_replicas, self.pushes = _Server(stood_in, num_ps=num_ps, **server), 2, 10
         self.is_chief, self.global_step, self.model_name = True, 20, "model"
         self.layout = types.SimpleNamespace(num_ps=num_ps)
 

@@ -82,7 +82,8 @@ def register(sub) -> None:
                     help="geo / local SGD: each worker takes K steps of its own optimizer, then pushes its parameter "
                          "delta (default 1: push gradients every step)")
     ps.add_argument("--ps_replicas", "--ps-replicas", dest="ps_replicas", type=int, default=None, metavar="N",
-                    help="copies of each ps task's part: 1 (default) or 2 (a mirror on the next ps task, kept in step "
+                    help="copies of each ps task's part: 1 (default) or 2 (a mirror on another ps task, on another host "
+                         "where there is one, kept in step "
                          "before each reply, so a lost ps task loses no acknowledged update; needs --ps 2 or more)")
     ps.add_argument("--ps_replica_lag", "--ps-replica-lag", dest="ps_replica_lag", type=int, default=None, metavar="N",
                     help="with --ps-replicas 2 and --mode async: replies may run up to N ops ahead of the backup "

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 import torch
 
+from towerflow.cluster.spec import split_address
 from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.messages import RowPush, RowRead, Ticket
@@ -26,7 +27,7 @@ def check_ps_replicas(replicas: object, num_ps: int) -> int:
     if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= min(MAX_PS_REPLICAS, num_ps):
         raise ParameterServerError(
             f"ps_replicas={replicas!r} with {num_ps} ps task(s): expected 1 (each ps task's part on it alone) or "
-            f"{MAX_PS_REPLICAS} (and a mirror on the next ps task, which needs at least 2 ps tasks); launch with "
+            f"{MAX_PS_REPLICAS} (and a mirror on another ps task, which needs at least 2 ps tasks); launch with "
             f"--ps-replicas 1 or 2 and --ps 2 or more"
         )
     return replicas
@@ -52,14 +53,31 @@ def check_replica_lag(lag: object, replicas: int, mode: str) -> int:
     return lag
 
 
-def backup_of(task: int, num_ps: int) -> int:
-    """The ps task that mirrors `task`'s shards: the next one round the ring."""
-    return (task + 1) % num_ps
+def ps_hosts(cluster) -> Tuple[str, ...]:
+    """The host of each ps task of `cluster` (a ClusterSpec), as its address names it (the rule of a same-host link)."""
+    return tuple(split_address(cluster.task_address("ps", i))[0] for i in range(cluster.num_tasks("ps")))
 
 
-def backup_for(task: int, num_ps: int, replicas: int) -> Optional[int]:
+def backup_ring(hosts: Sequence[str]) -> Tuple[int, ...]:
+    """The ring the ps tasks' parts are mirrored along (each task's backup is the next), from each task's host:
+    the hosts take turns, so that a backup is on another host wherever the hosts allow and a lost host takes no
+    part's every replica with it (tasks 0 and 1 on one host, 2 and 3 on another: 0, 2, 1, 3). On one host: 0, 1, 2..."""
+    by_host: Dict[str, list] = {}
+    for task, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(task)
+    turns = max((len(tasks) for tasks in by_host.values()), default=0)
+    return tuple(tasks[turn] for turn in range(turns) for tasks in by_host.values() if turn < len(tasks))
+
+
+def backup_of(task: int, hosts: Sequence[str]) -> int:
+    """The ps task that mirrors `task`'s shards: the next one round the ring (`backup_ring`; `hosts`: `ps_hosts`)."""
+    ring = backup_ring(hosts)
+    return ring[(ring.index(task) + 1) % len(ring)]
+
+
+def backup_for(task: int, hosts: Sequence[str], replicas: int) -> Optional[int]:
     """The ps task that mirrors `task`'s shards with `replicas` copies of each; None with one copy."""
-    return backup_of(task, num_ps) if replicas > 1 else None
+    return backup_of(task, hosts) if replicas > 1 else None
 
 
 def unreplicated_key(model: str, primary: str) -> str:

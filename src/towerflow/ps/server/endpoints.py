@@ -26,7 +26,7 @@ from towerflow.cluster.membership import rpc_name
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
 from towerflow.ps.replication_messages import (PROMOTED, DropOp, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
-                                               move_key, part_key, unreplicated_key)
+                                               move_key, part_key, ps_hosts, unreplicated_key)
 from towerflow.ps.server import linked as _linked
 from towerflow.ps.server import mirror_link as _mirror_link
 from towerflow.ps.server import snapshot as _snapshot
@@ -205,7 +205,7 @@ def promote(model: str, primary: int, lost: str) -> bool:
     server.membership.stand_in("ps", primary, me)  # nobody waits for `lost` now: its host may never return
     print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
           f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
-    onward = backup_of(server.task_index, server.cluster.num_tasks("ps"))
+    onward = backup_of(server.task_index, ps_hosts(server.cluster))
     if onward != primary and ("ps", onward) not in server.membership.stood_in():  # else no other task is left for it
         own = _services[model].replica if model in _services else UNREPLICATED  # the same settings as its own part
         _to_backup.replicate(key, primary, service, onward, reseed=False, serving=server.task_index,

@@ -26,7 +26,7 @@ from towerflow.ps.worker import rows as _rows
 from towerflow.ps.worker.channel import Channel
 from towerflow.ps.messages import (CreateShards, Endpoint, Endpoints, PartMoved, PolicySpec, Pulled, PushPull,
                                    PushPulled, Rejoined, RowRead)
-from towerflow.ps.replication_messages import backup_for
+from towerflow.ps.replication_messages import backup_for, ps_hosts
 from towerflow.ps.tables import TableSpec
 
 
@@ -141,7 +141,7 @@ class PSClient:
         return self.call(ch, Endpoints.create, CreateShards(
             ch.shards, self.layout.pack(ch.task, self._params), cls, settings, self.policy, state, tuple(finished),
             open_now, ch.task, tuple(self.tables.values()), shard_values, self._row_optimizer, tuple(restored_for),
-            backup_for(ch.task, self.layout.num_ps, self.ps_replicas), snapshot, self.replica_lag, self.prefetch))
+            backup_for(ch.task, ps_hosts(self.server.cluster), self.ps_replicas), snapshot, self.replica_lag, self.prefetch))
 
     def rejoin(self, restarted: bool, wait_open: bool = True, after_restore_of: Optional[str] = None) -> List[Rejoined]:
         """Learn this worker's place at every ps task after a loss (`after_restore_of`: once the chief restored

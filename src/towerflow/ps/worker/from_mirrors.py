@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.membership import rpc_name
 from towerflow.ps.messages import Endpoints
-from towerflow.ps.replication_messages import MirrorState, backup_of, unreplicated_key
+from towerflow.ps.replication_messages import MirrorState, backup_of, ps_hosts, unreplicated_key
 
 
 def outcome_key(model: str, incarnation: str) -> str:
@@ -55,19 +55,20 @@ def _find_mirror(client, task: int, empty: Set[int]) -> Optional[Tuple[MirrorSta
     """What to restore `task`'s part from, and the ps task that holds it: the part itself where a backup serves it
     (promoted; further round the ring when the backup that served it first was lost too), else its backup's mirror
     when that stands for the lost incarnations; None when neither is left (every replica lost)."""
-    server, num_ps = client.server, client.layout.num_ps
+    server = client.server
+    hosts = ps_hosts(server.cluster)
     current = server.membership.incarnation_of("ps", task)
     lost = [rpc_name("ps", task, k) for k in range(max(current - 1, 0), -1, -1)]
-    holder = backup_of(task, num_ps)
+    holder = backup_of(task, hosts)
     while holder != task:
         if holder not in empty:
             state = _mirror_state(server, client.model_name, task, holder)
             if state is not None and state.served and state.snapshot is not None:
                 return state, holder
-            if holder == backup_of(task, num_ps) and stands_for_the_lost(
+            if holder == backup_of(task, hosts) and stands_for_the_lost(
                     state, lost, lambda name: server.lookup(unreplicated_key(client.model_name, name))):
                 return state, holder
-        holder = backup_of(holder, num_ps)
+        holder = backup_of(holder, hosts)
     return None
 
 

@@ -16,7 +16,7 @@ from towerflow.cluster import transport as _transport
 from towerflow.cluster.membership import task_of
 from towerflow.errors import ClusterError, ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import Endpoints
-from towerflow.ps.replication_messages import backup_of, part_key
+from towerflow.ps.replication_messages import backup_of, part_key, ps_hosts
 from towerflow.ps.worker.client import PSLost
 
 
@@ -62,7 +62,7 @@ class Promotion:
         if server.rpc_name_of("ps", via_task) == via and server.membership.beats_on(
                 "ps", via_task, server.context.ps_promote_after):
             return via
-        onward = backup_of(via_task, self.client.layout.num_ps)
+        onward = backup_of(via_task, ps_hosts(server.cluster))
         if onward != gone.task and self._promote(gone, lost=via, at=onward):
             self._why[gone.task] = f"and then {via}, the backup that served its part, were lost"
             return None
@@ -95,7 +95,7 @@ class Promotion:
         client = self.client
         if at is None:
             by = self.server.membership.stood_in_by("ps", gone.task)
-            at = task_of(by)[1] if by is not None else backup_of(gone.task, client.layout.num_ps)
+            at = task_of(by)[1] if by is not None else backup_of(gone.task, ps_hosts(self.server.cluster))
         backup = self.server.rpc_name_of("ps", at)
         future = _transport.call_async(backup, Endpoints.promote,
                                        args=(client.model_name, gone.task, gone.name if lost is None else lost))
