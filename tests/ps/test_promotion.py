@@ -149,12 +149,15 @@ class _Server:
             join_timeout=60.0, stood_in=lambda: frozenset(stood_in), incarnation_of=lambda job, task: restarts_used,
             stood_in_by=lambda job, task: f"{job}:{task + 1}" if (job, task) in stood_in else None,
             will_be_restarted=lambda job, task: restarts_used < max_restarts,
-            beats_on=lambda job, task, within: self.beats_watched.append((task, within)) or beating)
+            beats_on=lambda job, task, within: self.beats_watched.append((task, within)) or beating,
+            beat_count=lambda job, task: 0)
         self.context = types.SimpleNamespace(ps_promote_after=5.0)
         self.waited = []
+        self.clock = [100.0]  # time.monotonic() of promotion.py, when a test puts it there
 
-    def wait_for_restart(self, job, task, lost, cause, timeout=None, alive_ok=False):
-        self.waited.append((task, timeout))
+    def wait_for_restart(self, job, task, lost, cause, timeout=None, alive_ok=False, beats_before=None):
+        self.waited.append((task, None if timeout is None else round(timeout, 3)))
+        self.clock[0] += timeout or 0.0  # the wait runs its whole time: the launcher never brings the task back
         raise ClusterTimeoutError(f"{lost} was not back within {timeout} s", task=self.name, missing=[lost])
 
     def rpc_name_of(self, job, task):
@@ -210,6 +213,38 @@ def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(
     assert client.pushed_again == [(0, "ps:1", 10)]  # the push the backup lacked, sent to it
     (record,) = recovery.recoveries
     assert record["promoted"] == [0] and record["steps_lost"] == 0 and not record["reconnected"]
+
+
+def test_two_ps_tasks_lost_together_wait_for_their_restarts_at_once_not_one_after_the_other(monkeypatch):
+    """ps 0 and ps 1 went down together (one host): the worker sees ps 1's loss only once ps 0's part is promoted,
+    5 s later; ps 1's wait ends when ps 0's did, and both parts are served by their backups."""
+    from towerflow.ps.worker import promotion as _promotion
+    from towerflow.ps.worker import recovery as _recovery
+
+    stood, asked = set(), []
+
+    def call_async(to, endpoint, args):  # the backup serves the part, and stands in for its task from then on
+        asked.append((to, args[1]))
+        stood.add(("ps", args[1]))
+        future = torch.futures.Future()
+        future.set_result(True)
+        return future
+    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+
+    class TwoLost(_Client):
+        def rejoin(self, restarted, wait_open):
+            if ("ps", 1) not in stood:
+                raise PSLost(1, "ps:1", RuntimeError("ps:1 is gone"))
+            super().rejoin(restarted, wait_open)
+
+    client = TwoLost(stood_in=stood, num_ps=3)
+    monkeypatch.setattr(_promotion.time, "monotonic", lambda: client.server.clock[0])
+    recovery = Recovery(client)
+    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    assert client.server.waited == [(0, 5.0), (1, 0.0)]  # one promotion wait for both, not 5 s each
+    assert set(asked) == {("ps:1", 0), ("ps:2", 1)}  # (ps 1 is asked again for part 0: it says it serves it)
+    (record,) = recovery.recoveries
+    assert record["promoted"] == [0, 1] and record["steps_lost"] == 0
 
 
 @pytest.mark.parametrize("max_restarts, restarts_used", [(0, 0), (3, 3)])

@@ -96,13 +96,14 @@ class Membership:
         return failed
 
     def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None,
-                         alive_ok: bool = False) -> str:
+                         alive_ok: bool = False, beats_before: Optional[int] = None) -> str:
         """Wait until task (job, index), whose incarnation named `lost` is gone, has been restarted
         and joined again; returns the new incarnation's RPC name.
 
         `alive_ok`: return `lost` itself when that incarnation goes on beating (ALIVE_BEATS beats since the
-        wait began: a new incarnation beats once before it names itself, a dead one at most once more): it
-        lives, only a connection to it was lost (cut off, or a stall), and the caller connects again.
+        wait began, or since the caller read `beats_before` with `beat_count`: a new incarnation beats once before it
+        names itself, a dead one at most once more): it lives, only a connection to it was lost (cut off, or a
+        stall), and the caller connects again.
         Raises PeerLostError at once when the launcher will not restart it (no restarts left: a job that
         allows none ends on a lost connection as on a lost task), and ClusterTimeoutError when it is not
         back within `timeout` (default: heartbeat + join timeouts, and no limit while another task stands in for it).
@@ -110,7 +111,7 @@ class Membership:
         name = task_name(job, index)
         limit = self.heartbeat_timeout + self.join_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        beats = self._beats(job, index) if alive_ok else 0
+        beats = beats_before if beats_before is not None else self._beats(job, index) if alive_ok else 0
         while True:
             if self._store is None:  # a thread of this task still waits as it leaves (a ps's watch for its backup)
                 raise ClusterLeftError(f"{self.name} has left the cluster: it waits for {name} no more")
@@ -156,6 +157,11 @@ class Membership:
                 return True
             time.sleep(POLL)
         return False
+
+    def beat_count(self, job: str, index: int) -> int:
+        """How often task (job, index) has beaten so far, all its incarnations together (`wait_for_restart`'s
+        `beats_before`)."""
+        return self._beats(job, index)
 
     def _beats(self, job: str, index: int) -> int:
         return self._store.add(self.rendezvous.key("beat", job, index), 0)

@@ -240,10 +240,10 @@ class Server:
         return self.membership.rpc_name_of(job, index)
 
     def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None,
-                         alive_ok: bool = False) -> str:
+                         alive_ok: bool = False, beats_before: Optional[int] = None) -> str:
         """Wait until the task whose incarnation `lost` is gone is back; its new RPC name, or with `alive_ok` `lost`
         itself when that incarnation lives on (Membership.wait_for_restart)."""
-        return self.membership.wait_for_restart(job, index, lost, cause, timeout, alive_ok)
+        return self.membership.wait_for_restart(job, index, lost, cause, timeout, alive_ok, beats_before)
 
     def check_peers(self, seen: dict, serving: Sequence[str] = ()) -> None:
         """Raise PeerLostError when another running task failed or went silent (Membership.check_peers)."""

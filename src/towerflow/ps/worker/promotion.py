@@ -10,6 +10,7 @@ answers yes to all of them (`ps/server/endpoints.promote`).
 
 from __future__ import annotations
 
+import time
 from typing import Dict, Optional
 
 from towerflow.cluster import transport as _transport
@@ -27,6 +28,20 @@ class Promotion:
         self.client = client
         self.server = client.server
         self._why: Dict[int, str] = {}  # why a lost task's part is served by the task it is now, when not the usual
+        self._until: Optional[float] = None  # this recovery's promotion wait ends then, for every loss it finds
+        self._beats: Dict[int, int] = {}  # each ps task's beats when the recovery began, until its first wait
+
+    def begin(self) -> None:
+        """A recovery begins: every loss it finds waits for its restart until the same moment, however late it is
+        found (the ps tasks of a host go down together; their waits must not add up), and a task counts as living
+        on by its beats since now. Where the beats cannot be read, each loss waits the whole time, as before."""
+        self._until, self._beats = None, {}
+        if self.client.ps_replicas > 1:
+            try:
+                self._beats = {ch.task: self.server.membership.beat_count("ps", ch.task) for ch in self.client.channels}
+            except Exception:  # the store did not answer: the waits go one after the other
+                return
+            self._until = time.monotonic() + self.server.context.ps_promote_after
 
     def wait_or_promote(self, gone: PSLost) -> Optional[str]:
         """The lost task's call name once it is back (a restarted incarnation's, or its own when it lives on), or
@@ -45,8 +60,12 @@ class Promotion:
                 if not server.membership.beats_on("ps", gone.task, wait) and self._promote(gone):
                     return None
             else:
+                beats_before = self._beats.pop(gone.task, None)  # a task's first wait in the recovery only: one lost
+                if beats_before is not None:  # again (a restarted incarnation) waits anew, its beats counted anew
+                    wait = max(0.0, self._until - time.monotonic())
                 try:
-                    return server.wait_for_restart("ps", gone.task, gone.name, cause, wait, alive_ok=True)
+                    return server.wait_for_restart("ps", gone.task, gone.name, cause, wait, alive_ok=True,
+                                                   beats_before=beats_before)
                 except ClusterTimeoutError:
                     if self._promote(gone):
                         return None

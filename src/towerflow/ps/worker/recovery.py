@@ -140,6 +140,7 @@ class Recovery:
         before = client.global_step
         sent, clock = {ch.task: ch.pushes for ch in client.channels}, client.pushes  # before a rejoin resets them
         lost_tasks = {lost.task: lost}
+        self.promotion.begin()
         self._checkpoint_begun = False
         pushes_lost = 0  # with asynchronous replication: pushes the restored mirror lacked beyond those kept
         said = set()
