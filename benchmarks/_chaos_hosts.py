@@ -1,7 +1,8 @@
 """benchmarks/chaos.py's job on three network-namespace hosts (root), as on three machines
-(tests/multihost/netns.py): the ps and the two workers each on a host of its own, or, with
-`ps_replicas=2`, two ps tasks mirrored on each other on two hosts with a worker beside the second; a
-launcher per task. A host can be killed (every process on it, then started again, or lost for good) or cut off
+(tests/multihost/netns.py): the ps and the two workers each on a host of its own; with
+`ps_replicas=2`, two ps tasks mirrored on each other on two hosts with a worker beside the second, or four, two
+on each of those hosts (each part mirrored on the other host: the ring takes the hosts in turn); a launcher
+per task. A host can be killed (every process on it, then started again, or lost for good) or cut off
 for a while (its cable unplugged).
 
 With `store="etcd"` every host also runs a member of a 3-member etcd cluster (tests/cluster/_etcd.py,
@@ -27,22 +28,24 @@ from netns import Hosts  # noqa: E402
 
 from chaos import Output, kill_pid  # noqa: E402
 
-# the tasks each host runs, one launcher each: 1 ps + 2 workers, or 2 ps whose parts are mirrored on each other
-# (on different hosts, so that a host's loss leaves every part a copy) + 2 workers
+# the tasks each host runs, by the number of ps tasks, one launcher each: 1 ps + 2 workers, or 2 ps whose parts are
+# mirrored on each other (on different hosts, so that a host's loss leaves every part a copy) + 2 workers, or 4 ps,
+# two on each of two hosts (0 and 1 on the first: their mirrors are on 2 and 3, and theirs on 1 and 0) + 2 workers
 _PLACES = {1: ((("ps", 0),), (("worker", 0),), (("worker", 1),)),
-           2: ((("ps", 0),), (("ps", 1), ("worker", 0)), (("worker", 1),))}
+           2: ((("ps", 0),), (("ps", 1), ("worker", 0)), (("worker", 1),)),
+           4: ((("ps", 0), ("ps", 1)), (("ps", 2), ("ps", 3), ("worker", 0)), (("worker", 1),))}
 
 
 class NamespaceHosts:
     """The cluster across three namespace hosts; a task or a whole host can be killed, a host started again."""
 
     def __init__(self, work: Path, job_argv: List[str], env: Dict[str, str], store: Optional[str] = None,
-                 ps_replicas: int = 1):
+                 ps_replicas: int = 1, ps: int = 1):
         self.hosts = Hosts(3, work)
         self.output = Output()
         self.work = work
         self.job_argv = job_argv
-        self.places = _PLACES[ps_replicas]
+        self.places = _PLACES[ps]
         self.env = {"TOWERFLOW_CLUSTER_TOKEN": "chaos-" + os.urandom(4).hex(), "PYTHONPATH": env["PYTHONPATH"]}
         self.flags = ["--max-restarts", "1000", "--logdir", str(work / "logdir"), "--ps-replicas", str(ps_replicas)]
         self.etcd: List = []

@@ -5,7 +5,7 @@
 
 The job is `examples/mnist_ps.py` with 1 ps + 2 workers (worker 0 the chief) under `--max-restarts 1000`
 (`--ps N` ps tasks, and `--ps-replicas 2` to keep each ps task's part mirrored on another; on 3 hosts
-`--ps 2 --ps-replicas 2` puts the two ps tasks on two hosts, a worker beside the second),
+`--ps 2 --ps-replicas 2` puts the two ps tasks on two hosts, a worker beside the second, and `--ps 4` two on each),
 a checkpoint every 100 global steps. An undisturbed run of the same job, the chaos run, and an
 undisturbed run again (the machine's load drifts); all run `--steps` global steps, so the efficiency
 is the undisturbed runs' mean wall time over the chaos run's (its global steps/s against theirs).
@@ -251,7 +251,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--every", type=float, default=30.0, help="seconds between kills")
     p.add_argument("--steps", type=int, default=20000, help="global steps of each run")
     p.add_argument("--mode", default="async", choices=("async", "sync", "ssp"))
-    p.add_argument("--ps", type=int, default=1, help="how many ps tasks (--hosts 3: 1, or 2 with --ps-replicas 2)")
+    p.add_argument("--ps", type=int, default=1, help="how many ps tasks (--hosts 3: 1, or 2 or 4 with --ps-replicas 2)")
     p.add_argument("--ps-replicas", type=int, default=1, choices=(1, 2), help="each ps part's copies")
     p.add_argument("--max-kills", type=int, default=None, help="stop killing after this many")
     p.add_argument("--seed", type=int, default=0, help="which task each kill picks")
@@ -263,13 +263,15 @@ def main(argv: Optional[List[str]] = None) -> dict:
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` or a scheduler's stop: close the job's processes
     if args.kill == "lose" and (args.hosts, args.ps_replicas) != (3, 2):
-        p.error("--kill lose needs --hosts 3 --ps 2 --ps-replicas 2: the lost ps task's part lives on at its backup")
+        p.error("--kill lose needs --hosts 3 --ps 2 (or 4) --ps-replicas 2: the lost ps tasks' parts live on at their "
+                "backups")
     if args.kill == "lose":
         args.max_kills = 1  # one host to lose: the job needs the others
     if args.kill in ("host", "link") and args.hosts == 1:
         p.error(f"--kill {args.kill} needs --hosts 3: with one host, losing it ends the job by definition")
-    if args.hosts == 3 and args.ps != args.ps_replicas:
-        p.error("--hosts 3 runs 1 ps and 2 workers, or with --ps 2 --ps-replicas 2 two mirrored ps tasks and 2 workers")
+    if args.hosts == 3 and (args.ps, args.ps_replicas) not in ((1, 1), (2, 2), (4, 2)):
+        p.error("--hosts 3 runs 1 ps and 2 workers, or with --ps-replicas 2 two or four mirrored ps tasks (--ps 2: one "
+                "on each of two hosts; --ps 4: two on each) and 2 workers")
     if args.ps_replicas == 2 and args.ps < 2:
         p.error("--ps-replicas 2 needs --ps 2 or more: a ps part is mirrored on another ps task")
     if args.store == "etcd" and args.hosts == 1:
@@ -290,7 +292,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
             from _chaos_hosts import NamespaceHosts
 
             store = None if args.store == "embedded" else args.store
-            make = lambda work=work: NamespaceHosts(work, job_argv, env, store, args.ps_replicas)  # noqa: E731
+            make = lambda work=work: NamespaceHosts(work, job_argv, env, store, args.ps_replicas, args.ps)  # noqa: E731
         results[name] = run_job(make, kill, args.every, args.timeout, random.Random(args.seed), args.max_kills,
                                 args.down)
         print(f"{name}: exit {results[name]['exit_code']}, {results[name]['wall_s']} s, accuracy "
