@@ -111,7 +111,7 @@ class Membership:
         name = task_name(job, index)
         limit = self.heartbeat_timeout + self.join_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        beats = beats_before if beats_before is not None else self._beats(job, index) if alive_ok else 0
+        beats = beats_before if beats_before is not None else self.beat_count(job, index) if alive_ok else 0
         while True:
             if self._store is None:  # a thread of this task still waits as it leaves (a ps's watch for its backup)
                 raise ClusterLeftError(f"{self.name} has left the cluster: it waits for {name} no more")
@@ -119,7 +119,7 @@ class Membership:
             if current != lost:
                 return current
             incarnation = self._incarnations[(job, index)]
-            if alive_ok and incarnation < self.max_restarts and self._beats(job, index) - beats >= ALIVE_BEATS:
+            if alive_ok and incarnation < self.max_restarts and self.beat_count(job, index) - beats >= ALIVE_BEATS:
                 return lost
             if incarnation >= self.max_restarts:
                 failed = _failures.failure_of(self._store, job, index)
@@ -151,9 +151,9 @@ class Membership:
         """Whether task (job, index) beats on (ALIVE_BEATS beats within `within` seconds): it lives, only a
         connection to it was lost. False once `within` has passed without them: it is gone (a dead process
         beats at most once more)."""
-        first, deadline = self._beats(job, index), time.monotonic() + within
+        first, deadline = self.beat_count(job, index), time.monotonic() + within
         while time.monotonic() < deadline:
-            if self._beats(job, index) - first >= ALIVE_BEATS:
+            if self.beat_count(job, index) - first >= ALIVE_BEATS:
                 return True
             time.sleep(POLL)
         return False
@@ -161,9 +161,6 @@ class Membership:
     def beat_count(self, job: str, index: int) -> int:
         """How often task (job, index) has beaten so far, all its incarnations together (`wait_for_restart`'s
         `beats_before`)."""
-        return self._beats(job, index)
-
-    def _beats(self, job: str, index: int) -> int:
         return self._store.add(self.rendezvous.key("beat", job, index), 0)
 
     # --- heartbeats --------------------------------------------------------------------------
