@@ -18,6 +18,8 @@ The issue's setup: an MLP 64-256-256-10 on scikit-learn's 8x8 digits, batch 32 p
 * ps_rpc_before, ps_hosts_before, ps_hosts_before_tcp: the tree of --before-src (torch.distributed.rpc):
   on one host with TOWERFLOW_PS_LINK=rpc; across the namespace hosts; and across them with TensorPipe's
   tensors over TCP instead of CMA, as between machines (see _on_hosts).
+* zmq_bare_local, zmq_bare_hosts: the ceiling, a ps written directly on pyzmq (no towerflow, no authentication,
+  one zero-copy frame each way), on loopback and on the three namespace hosts (_bare_zmq_ps.py).
 
 Multi-worker rates are totals: all workers' steps over the span from the first worker's start to the
 last one's end. For the towerflow contenders worker 0 also reports a breakdown per step: compute
@@ -45,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch", "ps_hosts", "ps_hosts_auth",
-              "ps_rpc_before", "ps_hosts_before", "ps_hosts_before_tcp")
+              "ps_rpc_before", "ps_hosts_before", "ps_hosts_before_tcp", "zmq_bare_local", "zmq_bare_hosts")
 BATCH, LR = 32, 0.05
 MODEL = os.environ.get("PS_STEP_MODEL", "small")  # small | large (set by --model for every process)
 
@@ -284,6 +286,10 @@ def run_one(contender: str, args, out_dir: str) -> dict:
     src = args.before_src if "_before" in contender else os.path.join(REPO, "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
            "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
+    if contender.startswith("zmq_bare"):
+        from _bare_zmq_ps import run
+
+        return run(contender, args, out_dir, env)
     if contender.startswith("ps_hosts"):
         from _ps_hosts import on_hosts
 
@@ -357,7 +363,8 @@ def main(argv=None) -> None:
     for c, v in base.items():
         ratios = ", ".join(f"{v / base[o]:.2f}x {o}" for o in ("one_process", "rpc_loop") if o in base and o != c)
         print(f"  {c:16s} {v:8.1f}  {ratios}")
-    for ref in ("one_process", "rpc_loop", "ps_shm", "ps_rpc_before", "ps_hosts_before", "ps_hosts_before_tcp"):  # each launch's own ratio (same minutes, same load), then the median
+    for ref in ("one_process", "rpc_loop", "ps_shm", "ps_rpc_before", "ps_hosts_before", "ps_hosts_before_tcp",
+                "zmq_bare_local", "zmq_bare_hosts"):  # each launch's own ratio (same minutes, same load), then the median
         if ref in runs:
             paired = {c: statistics.median(r["steps_per_s"] / b["steps_per_s"] for r, b in zip(rs, runs[ref]))
                       for c, rs in runs.items() if c != ref}
