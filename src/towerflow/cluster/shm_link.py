@@ -1,7 +1,7 @@
 """Same-host calls whose tensors live in shared memory and whose doorbell is a pipe.
 
 Between two tasks of one host a remote call through the network stack costs hundreds of µs of round trip,
-thread hand-offs and serialization (docs/benchmarks.md, "The ps step, broken down"); a
+thread hand-offs and serialization (docs/benchmarks.md, "The ps step on a small model"); a
 parameter server's step on a small model is mostly that. A link is a fixed-shape
 request/reply channel for one caller: two slots of request tensors and two of reply tensors,
 mapped from files in /dev/shm (`torch.from_file(shared=True)`: PyTorch's shared memory), and
