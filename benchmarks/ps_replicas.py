@@ -8,7 +8,10 @@ interleaved (1, 2, 1, 2, ...) so both see the same machine load:
 * `mlp`: benchmarks/_replicas_task.py, ps_step.py's small MLP (84,490 parameters, batch 32, SGD), one
   torch thread per process (OMP_NUM_THREADS=1); total steps/s of both workers;
 * `ctr`: examples/ctr_ps.py, the DLRM with 26 sparse tables on the ps tasks (`--rows` per table, batch
-  1024 per worker, lazy Adam on the rows); total samples/s of both workers.
+  1024 per worker, lazy Adam on the rows); total samples/s of both workers;
+* `bare`: the `mlp` job on pyzmq alone (benchmarks/_bare_zmq_replicas.py: no towerflow, the same rule for when
+  a reply may go), the least replication can cost on this machine's cores and wire; encrypted with `--hosts 3`
+  unless `--wire authenticate` (then no security at all: authentication costs only at the handshake).
 
 `--hosts 3` runs each launch on three network-namespace hosts (root; benchmarks/_replicas_hosts.py): ps 0
 alone, ps 1 beside worker 0, worker 1 on the third, so that every mirror is on another host (the wire's
@@ -60,6 +63,15 @@ def _rate(job: str, output: str) -> float:
 
 
 def run(job: str, setting: str, args) -> float:
+    if job == "bare":
+        from _bare_zmq_replicas import run as run_bare
+
+        replicas, lag = _setting(setting)
+        if lag is not None:
+            raise SystemExit(f"--jobs bare --settings {setting}: the bare job has no asynchronous replication; "
+                             "give 1 and 2 only")
+        curve = args.hosts == 3 and args.wire != "authenticate"
+        return _rate("mlp", run_bare(replicas, args.mlp_steps, args.hosts, curve, args.timeout))
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
     if job == "mlp":
         env["OMP_NUM_THREADS"] = "1"
