@@ -4,7 +4,9 @@ One ps process (a ROUTER socket) and two worker processes (a DEALER each), no to
 gradient, flattens it, sends it as one zero-copy frame and waits; the ps subtracts it (SGD, lr 0.05) and answers
 with a copy of its values as one zero-copy frame, which the worker installs. No authentication, no encryption,
 no framing of its own, no recovery: what a ps step across hosts costs on this machine's wire and cores before
-any library does anything. zmq_bare_hosts runs it on three network-namespace hosts as ps_hosts does (ps alone,
+any library does anything. Every process gets the allocator settings `towerflow launch` gives a ps cluster
+(towerflow.launch.environment.PS_ALLOCATOR_ENV: libzmq's fresh buffer per message reuses the last one's memory),
+so that the two differ in the ps and nothing else. zmq_bare_hosts runs it on three network-namespace hosts as ps_hosts does (ps alone,
 each worker on its own host), zmq_bare_local on loopback.
 
     python benchmarks/ps_step.py --contenders ps_hosts_auth,zmq_bare_hosts --launches 3
@@ -137,6 +139,9 @@ def _free_port() -> int:
 
 def run(contender: str, args, out_dir: str, env: dict) -> dict:
     """Start the ps and two workers (on namespace hosts or loopback), wait for them, read the workers' figures."""
+    from towerflow.launch.environment import PS_ALLOCATOR_ENV
+
+    env = {**env, **PS_ALLOCATOR_ENV}
     me = os.path.abspath(__file__)
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out_dir]
     if contender == "zmq_bare_local":
@@ -159,7 +164,7 @@ def run(contender: str, args, out_dir: str, env: dict) -> dict:
         with tempfile.TemporaryDirectory() as work:
             hosts = Hosts(3, pathlib.Path(work))
             try:
-                extra = {"PS_STEP_MODEL": args.model}
+                extra = {"PS_STEP_MODEL": args.model, **PS_ALLOCATOR_ENV}
                 procs = [hosts.start(hosts[0], [sys.executable, me, "--serve", f"tcp://0.0.0.0:{PORT}", "--out", out_dir], "ps", extra)]
                 procs += [hosts.start(hosts[1 + w], [sys.executable, me, "--train", f"tcp://{hosts[0].name}:{PORT}",
                                                      "--worker", str(w), *common], f"worker{w}", extra) for w in range(2)]

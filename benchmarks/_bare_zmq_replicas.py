@@ -5,7 +5,7 @@ with no towerflow: each ps holds half of the values; a worker sends each half of
 one zero-copy frame and installs the halves sent back. With 2 replicas each ps forwards every gradient it applies
 to the other ps, which applies it to its mirror and acknowledges it, and a reply to a worker's push waits until
 the backup holds that worker's previous push: the rule towerflow's replication keeps. No framing, no recovery, no
-authentication; `--curve` encrypts every connection (CurveZMQ, as towerflow does across hosts by default). Each
+authentication; every process has the allocator settings `towerflow launch` gives a ps cluster; `--curve` encrypts every connection (CurveZMQ, as towerflow does across hosts by default). Each
 worker prints `worker W: steps/s R` over its steps after the first 100, as benchmarks/_replicas_task.py does.
 """
 
@@ -168,8 +168,10 @@ def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> s
     """Both workers' output lines, once they ended with 0; the ps tasks are then killed (they serve forever)."""
     import zmq
 
+    from towerflow.launch.environment import PS_ALLOCATOR_ENV
+
     me = os.path.abspath(__file__)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(os.path.dirname(HERE), "src"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(os.path.dirname(HERE), "src"), **PS_ALLOCATOR_ENV)
     if curve:
         env[KEYS] = zmq.curve_keypair()[1].decode()
 
@@ -205,7 +207,7 @@ def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> s
         try:  # ps 0 alone, ps 1 beside worker 0, worker 1 on the third: as the mlp job's layout
             binds = [f"tcp://{net[0].name}:7100", f"tcp://{net[1].name}:7101"]
             backups = [binds[1], binds[0]] if replicas == 2 else ["", ""]
-            extra = {k: env[k] for k in (KEYS,) if k in env}
+            extra = {k: env[k] for k in (KEYS, *PS_ALLOCATOR_ENV) if k in env}
             for i, host in enumerate((net[0], net[1])):
                 net.start(host, argv(["--serve", str(i), f"tcp://0.0.0.0:{7100 + i}", "--backup", backups[i]]),
                           f"ps{i}", extra)
