@@ -163,10 +163,13 @@ class PushPull:
     rows: Optional[RowPush] = None
     kind: str = "grad"
 
+    def header(self) -> tuple:
+        """A dense step's plain values without its gradients: what a same-host link sends beside its slot."""
+        return self.worker, self.ticket.step, self.ticket.gap, self.lr, self.clock, self.after_step, self.kind
+
     def flat(self) -> tuple:
         """A dense step as plain values, which the wire lays out without pickle (cluster/wire_flat.py)."""
-        return (self.worker, self.ticket.step, self.ticket.gap, self.lr, self.clock, self.after_step, self.kind,
-                *self.grads)
+        return (*self.header(), *self.grads)
 
     @classmethod
     def from_flat(cls, values: Sequence[Any]) -> "PushPull":
@@ -198,10 +201,14 @@ class PushPulled:
     outcome: PushOutcome
     pulled: Pulled
 
+    def header(self) -> tuple:
+        """The reply's plain values without the pulled values (see `PushPull.header`)."""
+        o, t = self.outcome, self.pulled.ticket
+        return o.kind, o.staleness, o.global_step, t.step, t.gap
+
     def flat(self) -> tuple:
         """The reply as plain values (see `PushPull.flat`)."""
-        o, p = self.outcome, self.pulled
-        return (o.kind, o.staleness, o.global_step, p.ticket.step, p.ticket.gap, *p.values)
+        return (*self.header(), *self.pulled.values)
 
     @classmethod
     def from_flat(cls, values: Sequence[Any]) -> "PushPulled":

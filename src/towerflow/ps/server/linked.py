@@ -8,13 +8,12 @@ keep their semantics because the same coordinator decides.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, List
 
 import torch
 
 from towerflow.cluster import shm_link
-from towerflow.ps.messages import Pulled, PushPull, PushPulled
+from towerflow.ps.messages import PushPull, PushPulled
 
 
 def mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
@@ -35,8 +34,8 @@ def mapped(future: torch.futures.Future, fn: Callable) -> torch.futures.Future:
 def handler(service_of: Callable[[], object]) -> shm_link.Handler:
     """The ps side: run `push_pull` of the current service with the slot's gradients, reply with the values copied."""
 
-    def handle(header: PushPull, grads: List[torch.Tensor], reply: List[torch.Tensor]) -> torch.futures.Future:
-        future = service_of().push_pull(dataclasses.replace(header, grads=grads))
+    def handle(header: tuple, grads: List[torch.Tensor], reply: List[torch.Tensor]) -> torch.futures.Future:
+        future = service_of().push_pull(PushPull.from_flat((*header, *grads)))
         if future.done():  # answered now (async): reply without a callback chain
             return _into(future.value(), reply)
         return mapped(future, lambda result: _into(result, reply))
@@ -44,7 +43,8 @@ def handler(service_of: Callable[[], object]) -> shm_link.Handler:
     return handle
 
 
-def _into(result: PushPulled, reply: List[torch.Tensor]) -> PushPulled:
+def _into(result: PushPulled, reply: List[torch.Tensor]) -> tuple:
+    """Copy the values into the reply slot; what goes back down the pipe is the rest (`PushPulled.header`)."""
     if reply:
         torch._foreach_copy_(reply, list(result.pulled.values))
-    return PushPulled(result.outcome, Pulled(result.pulled.ticket, []))
+    return result.header()

@@ -13,12 +13,11 @@ host after all) declines, and the channel keeps RPC.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Callable, Optional
 
 from towerflow.cluster import shm_link
-from towerflow.ps.messages import Pulled, PushPull, PushPulled
+from towerflow.ps.messages import PushPull, PushPulled
 
 
 def wanted(cluster, worker_task: tuple, ps_task: int, ps_link: str) -> bool:
@@ -55,13 +54,13 @@ class LinkedStep:
     def result(self, idle: Optional[Callable[[], None]] = None) -> PushPulled:
         """The `PushPulled` whose values are the slot's reply tensors (valid until the slot is used again, two
         steps later); `idle()` runs every second while the ps has not answered."""
-        reply = self.link.reply(self.slot, idle)
-        return PushPulled(reply.outcome, Pulled(reply.pulled.ticket, self.link.replies[self.slot]))
+        return PushPulled.from_flat((*self.link.reply(self.slot, idle), *self.link.replies[self.slot]))
 
 
 def push_pull(link: shm_link.LinkClient, slot: int, request: PushPull) -> LinkedStep:
-    """Send the step whose gradients are already in `slot`'s request tensors."""
-    link.call(slot, dataclasses.replace(request, grads=()))
+    """Send the step whose gradients are already in `slot`'s request tensors: its plain values go down the pipe
+    as a tuple (`PushPull.header`), the gradients stay where they are."""
+    link.call(slot, request.header())
     return LinkedStep(link, slot)
 
 

@@ -51,7 +51,20 @@ class PSOptimizer:
         return self.client.global_step
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        """As `torch.optim.Optimizer.zero_grad`, without its profiler record and compile guard: 7.6 µs a call
+        against 1.6 on the small MLP, in a step of a few hundred µs."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                    continue
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
 
     def state_dict(self) -> dict:
         """The ps tasks' state (values, optimizer state, global step), for a checkpoint."""
