@@ -33,7 +33,7 @@ from towerflow.ps.layout import ShardSpec
 from towerflow.ps.server.coordinator import Coordinator, Go
 from towerflow.ps.messages import (PUSH_KINDS, EarlierWorkers, Pulled, PushOutcome, PushPull, PushPulled, Rejoined,
                                    RowPush, RowRead, Ticket)
-from towerflow.ps.server.optimizers import check_optimizer
+from towerflow.ps.server.optimizers import check_optimizer, unhooked_step
 from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 from towerflow.ps.replication_messages import FinishOp, LoadStateOp, PushOp, RejoinOp, RowsReadOp
 from towerflow.ps.server.replies import UNREPLICATED
@@ -65,6 +65,7 @@ class ShardService:
                 )
         # a ps task may hold only table shards: then there is no dense optimizer here
         self.optimizer = optimizer_cls(self.flats, **optimizer_defaults) if self.flats else None
+        self._step = unhooked_step(self.optimizer) if self.optimizer else None
         self.tables = tables
         self.lr: Optional[float] = None  # the workers' lr schedule, for the tables' row optimizer
         self.coordinator = Coordinator(policy, num_workers)
@@ -278,7 +279,7 @@ class ShardService:
             saved = [group["lr"] for group in self.optimizer.param_groups]
             for group in self.optimizer.param_groups:
                 group["lr"] = group["lr"] * lr_scale
-        self.optimizer.step()
+        self._step()
         if saved is not None:
             for group, lr in zip(self.optimizer.param_groups, saved):
                 group["lr"] = lr
