@@ -91,7 +91,8 @@ def unreplicated_key(model: str, primary: str) -> str:
 
 MIRROR_HOLD_BYTES = 64 << 20  # a mirror holds queued ops unapplied up to this many bytes of their tensors
 REFRESH_FACTOR = 16  # a primary whose state is small seeds its mirror anew after this many states' bytes of ops,
-REFRESH_BYTES = 16 << 20  # and not before this many: a seed costs a snapshot, an op held in a ring only its copy
+REFRESH_BYTES = 32 << 20  # and not before this many (a seed costs a snapshot, an op held in a ring only its copy);
+# no more than one worker's ring holds in bytes (mirror_link.RING_BYTES)
 
 PROMOTED = "promoted"  # unreplicated_key's value once the backup serves the primary's part: final
 
