@@ -120,10 +120,14 @@ def main(argv=None) -> dict:
                 print(f"{job} setting {setting}: {rate:.1f} (load {os.getloadavg()[0]:.2f})", flush=True)
         medians = {s: statistics.median(v) for s, v in rates.items()}
         base = settings[0]
+        # each launch round's own ratio (the same minutes of this machine), then their median: steadier than the
+        # ratio of the medians when the machine's speed drifts during the run
+        paired = {s: statistics.median(r / b for r, b in zip(rates[s], rates[base])) for s in settings}
         results["runs"][job] = {"rates": rates, "median": medians,
-                                "ratio": {s: medians[s] / medians[base] for s in settings}}
+                                "ratio": {s: medians[s] / medians[base] for s in settings}, "paired_ratio": paired}
         print(f"{job}: medians " + ", ".join(f"{s}: {medians[s]:.1f} ({100 * (1 - medians[s] / medians[base]):.1f}% "
-                                              f"fewer than {base})" for s in settings), flush=True)
+                                              f"fewer than {base}; paired {100 * (1 - paired[s]):.1f}%)"
+                                              for s in settings), flush=True)
     results["loadavg_after"] = os.getloadavg()
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
