@@ -131,10 +131,15 @@ def train(connect: str, worker: int, steps: int, warmup: int, out: str) -> None:
     dealer.close(linger=1000)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
+def free_ports(n: int) -> list:
+    """n distinct free ports on loopback (all bound at once, then released)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def run(contender: str, args, out_dir: str, env: dict) -> dict:
@@ -145,7 +150,7 @@ def run(contender: str, args, out_dir: str, env: dict) -> dict:
     me = os.path.abspath(__file__)
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out_dir]
     if contender == "zmq_bare_local":
-        port = _free_port()
+        port = free_ports(1)[0]
         argv = [[sys.executable, me, "--serve", f"tcp://127.0.0.1:{port}", "--out", out_dir]]
         argv += [[sys.executable, me, "--train", f"tcp://127.0.0.1:{port}", "--worker", str(w), *common] for w in range(2)]
         procs = [subprocess.Popen(a, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for a in argv]

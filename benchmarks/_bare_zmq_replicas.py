@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -154,16 +153,6 @@ def train(worker: int, addresses: list, steps: int) -> None:
     print(f"worker {worker}: steps/s {steps / (time.perf_counter() - start):.1f}", flush=True)
 
 
-def _free_ports(n: int) -> list:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> str:
     """Both workers' output lines, once they ended with 0; the ps tasks are then killed (they serve forever)."""
     import zmq
@@ -179,7 +168,9 @@ def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> s
         return [sys.executable, me, *role]
 
     if hosts == 1:
-        ports = _free_ports(2)
+        from _bare_zmq_ps import free_ports
+
+        ports = free_ports(2)
         binds = [f"tcp://127.0.0.1:{p}" for p in ports]
         backups = [binds[1], binds[0]] if replicas == 2 else ["", ""]
         ps = [subprocess.Popen(argv(["--serve", str(i), binds[i], "--backup", backups[i]]), env=env) for i in range(2)]
@@ -200,19 +191,20 @@ def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> s
     import pathlib
     import tempfile
 
-    from _replicas_hosts import Hosts
+    from _replicas_hosts import PLACES, Hosts
 
     with tempfile.TemporaryDirectory() as work:
         net = Hosts(3, pathlib.Path(work))
-        try:  # ps 0 alone, ps 1 beside worker 0, worker 1 on the third: as the mlp job's layout
-            binds = [f"tcp://{net[0].name}:7100", f"tcp://{net[1].name}:7101"]
+        try:  # the mlp job's layout
+            host_of = {task: host for host, tasks in zip(net.hosts, PLACES) for task in tasks}
+            binds = [f"tcp://{host_of['ps', i].name}:{7100 + i}" for i in range(2)]
             backups = [binds[1], binds[0]] if replicas == 2 else ["", ""]
             extra = {k: env[k] for k in (KEYS, *PS_ALLOCATOR_ENV) if k in env}
-            for i, host in enumerate((net[0], net[1])):
-                net.start(host, argv(["--serve", str(i), f"tcp://0.0.0.0:{7100 + i}", "--backup", backups[i]]),
+            for i in range(2):
+                net.start(host_of["ps", i], argv(["--serve", str(i), f"tcp://0.0.0.0:{7100 + i}", "--backup", backups[i]]),
                           f"ps{i}", extra)
-            workers = [net.start(host, argv(["--train", str(w), *binds, "--steps", str(steps)]), f"worker{w}", extra)
-                       for w, host in enumerate((net[1], net[2]))]
+            workers = [net.start(host_of["worker", w], argv(["--train", str(w), *binds, "--steps", str(steps)]),
+                                 f"worker{w}", extra) for w in range(2)]
             for w in workers:
                 if w.wait(timeout) != 0:
                     raise RuntimeError(f"a bare worker on {w.host.name} exited {w.popen.returncode}:\n{w.output[-3000:]}")

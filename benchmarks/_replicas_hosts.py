@@ -14,7 +14,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "multihost"))
 from netns import Hosts  # noqa: E402
 
-_PLACES = ((("ps", 0),), (("ps", 1), ("worker", 0)), (("worker", 1),))
+PLACES = ((("ps", 0),), (("ps", 1), ("worker", 0)), (("worker", 1),))
 
 
 def run_on_hosts(script_argv: List[str], launch_flags: List[str], env: Dict[str, str], timeout: float) -> str:
@@ -24,14 +24,14 @@ def run_on_hosts(script_argv: List[str], launch_flags: List[str], env: Dict[str,
         try:
             port = iter(range(7100, 7200))
             cluster: Dict[str, List[str]] = {"ps": [], "worker": []}
-            for host, tasks in zip(hosts.hosts, _PLACES):
+            for host, tasks in zip(hosts.hosts, PLACES):
                 for job, _ in tasks:
                     cluster[job].append(f"{host.name}:{next(port)}")
             cluster_file = pathlib.Path(work) / "cluster.json"
             cluster_file.write_text(json.dumps(cluster))
             extra = {**env, "TOWERFLOW_CLUSTER_TOKEN": "ps-replicas-bench"}
             procs = [hosts.launch(host, cluster_file, job, index, script_argv, env=extra, launch_flags=launch_flags)
-                     for host, tasks in zip(hosts.hosts, _PLACES) for job, index in tasks]
+                     for host, tasks in zip(hosts.hosts, PLACES) for job, index in tasks]
             for proc in procs:
                 if proc.wait(timeout) != 0:
                     raise RuntimeError(f"a task on {proc.host.name} exited {proc.popen.returncode}:\n{proc.output[-4000:]}")

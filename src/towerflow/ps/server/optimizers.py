@@ -44,15 +44,14 @@ def unhooked_step(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     ps's Python time, more than the update of a small model. With a hook, or a torch without the wrapper, it is
     `optimizer.step` itself."""
     inner = getattr(type(optimizer).step, "__wrapped__", None)
-
-    def hooked() -> bool:
-        names = ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")
-        global_hooks = [getattr(_torch_optimizer, n, None) for n in names]
-        own = [getattr(optimizer, n, None) for n in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")]
-        return any(h is None or len(h) for h in (*global_hooks, *own))
+    # the hook registries (registering adds to these very dicts); one missing: a torch whose hooks are kept elsewhere
+    hooks = [getattr(_torch_optimizer, n, None) for n in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")]
+    hooks += [getattr(optimizer, n, None) for n in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")]
+    if any(h is None for h in hooks):
+        inner = None
 
     def step() -> None:
-        if inner is None or hooked():
+        if inner is None or any(hooks):
             optimizer.step()
             return
         with torch.no_grad():
