@@ -137,6 +137,21 @@ def test_a_full_ring_sends_the_op_by_its_slot_and_the_mirror_takes_the_ring_firs
     _same(primary, mirror)
 
 
+def test_a_tiny_parts_ring_never_fills_its_backup_is_seeded_anew_first(monkeypatch):
+    """A part whose pushes are a few bytes would take many of them to reach the bytes of a fresh seed; its backup takes
+    the ring's records only at a seed, so it is seeded anew after half as many ops as a ring holds, and no push has to
+    wake it through a slot."""
+    monkeypatch.setattr(_replication, "REFRESH_OPS", 4)
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=8)
+    assert replica._refresh_after == _replication.REFRESH_BYTES  # far more than 30 pushes' bytes
+    for start in range(0, 30, 3):
+        _steps(primary, link, 3, first=start)
+        link.flush()  # the fresh seeds reach the backup
+    (sender,) = senders
+    assert replica.refreshes >= 6 and sender.link.calls == 0 and sender.ring_ops == 29
+    _same(primary, mirror)
+
+
 def test_a_fresh_seed_makes_the_rings_records_moot(monkeypatch):
     monkeypatch.setattr(_replication, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
     monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)

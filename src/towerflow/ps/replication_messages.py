@@ -93,6 +93,8 @@ MIRROR_HOLD_BYTES = 64 << 20  # a mirror holds queued ops unapplied up to this m
 REFRESH_FACTOR = 16  # a primary whose state is small seeds its mirror anew after this many states' bytes of ops,
 REFRESH_BYTES = 32 << 20  # and not before this many (a seed costs a snapshot, an op held in a ring only its copy);
 # no more than one worker's ring holds in bytes (mirror_link.RING_BYTES)
+REFRESH_OPS = 512  # and after at most this many ops, however small: half of what a same-host ring holds
+# (mirror_link.RING_MAX_SLOTS), so that none fills before its backup takes its records at the seed
 
 PROMOTED = "promoted"  # unreplicated_key's value once the backup serves the primary's part: final
 

@@ -25,11 +25,11 @@ import torch
 from towerflow.cluster import shm_link, shm_ring
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import PUSH_KINDS, Ticket
-from towerflow.ps.replication_messages import MIRROR_HOLD_BYTES, PushOp, ReplicaFrame
+from towerflow.ps.replication_messages import MIRROR_HOLD_BYTES, REFRESH_OPS, PushOp, ReplicaFrame
 
 RING_BYTES = MIRROR_HOLD_BYTES // 2  # a ring's records at most: what a refreshed mirror holds between seeds
 RING_MIN_SLOTS = 8  # fewer records of a large push would fill it too often to save a wake-up
-RING_MAX_SLOTS = 256  # a small state's mirror is seeded anew long before (replication.py)
+RING_MAX_SLOTS = 2 * REFRESH_OPS  # a small state's mirror is seeded anew after half as many ops (replication.py)
 
 
 class _SlotAck:

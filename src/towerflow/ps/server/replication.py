@@ -16,8 +16,8 @@ has one push more in flight when it sends the next (it reads a step's reply afte
 for such workers (`own_push`) the reply waits for the push it answers, while they compute anyway. Replies that
 nobody could send again (a finish, a load, a read that admitted hash ids) wait for every op sent so
 far. A primary whose whole state is small (no tables) seeds its mirror anew after `REFRESH_FACTOR`
-times its state's bytes of ops, so that the backup holds the ops in between without applying them
-(`mirror.py`).
+times its state's bytes of ops (at least `REFRESH_BYTES`, at most `REFRESH_OPS` ops), so that the backup
+holds the ops in between without applying them (`mirror.py`).
 
 Asynchronous replication (`max_lag` > 0, async training only) lets a worker's reply run up to `max_lag`
 ops ahead of the backup's acks instead: a step never waits for the backup unless it falls that far
@@ -45,8 +45,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
-from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, DropOp, PushOp, ReplicaFrame,
-                                               ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes)
+from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, REFRESH_OPS, DropOp,
+                                               PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes)
 from towerflow.ps.server.own_connections import OwnConnections
 from towerflow.ps.server.replies import Released, complete as _complete
 
@@ -115,6 +115,7 @@ class Replicator:
         self._seed_seq = 0  # the number of the current backup's seed
         self._refresh_after = 0  # bytes of ops after which the backup is seeded anew (0: never; module docstring)
         self._since_seed = 0  # bytes of ops forwarded since the last seed
+        self._ops_since_seed = 0  # and how many
         self.refreshes = 0
         self.retired = False  # the part is served here no more (`retire`)
 
@@ -124,6 +125,7 @@ class Replicator:
         if self.backup is None:
             return
         self.seq += 1
+        self._ops_since_seed += 1
         if isinstance(op, PushOp):
             self._pushes[op.worker] = (self._pushes.get(op.worker, (0, 0))[1], self.seq)
             self._since_seed += op_nbytes(op)
@@ -168,7 +170,7 @@ class Replicator:
         if self._own is not None:
             self._own.open_wanted(self.backup)
         backup = self.backup
-        if self._refresh_after and self._since_seed >= self._refresh_after and backup is not None:
+        if backup is not None and self._refresh_due():
             self.seed(backup, refresh=True)
         if not released:
             return
@@ -323,17 +325,23 @@ class Replicator:
 
         threading.Thread(target=run, name=f"towerflow-reseed-{self.model}", daemon=True).start()
 
+    def _refresh_due(self) -> bool:
+        """Whether a small state's backup is to be seeded anew: enough bytes of ops since its seed, or enough ops that a
+        same-host ring of small records could fill before the backup takes them (it takes them at the seed)."""
+        return bool(self._refresh_after) and (self._since_seed >= self._refresh_after
+                                              or self._ops_since_seed >= REFRESH_OPS)
+
     def seed(self, to: str, refresh: bool = False) -> None:
         """Make `to` the backup: send it a snapshot of the whole state, then forward every later op (`refresh`: it is
         the backup, seeded anew so that it need not apply the ops before)."""
         with self._service_lock:
-            if self.retired or refresh and (self.backup != to or self._since_seed < self._refresh_after):
+            if self.retired or refresh and (self.backup != to or not self._refresh_due()):
                 return  # given back, lost meanwhile, or another thread refreshed it
             snapshot = self._snapshot()
             size = snapshot.nbytes()
             small = size and REFRESH_FACTOR * size <= MIRROR_HOLD_BYTES // 2
             self._refresh_after = max(REFRESH_FACTOR * size, REFRESH_BYTES) if small else 0
-            self._since_seed = 0
+            self._since_seed = self._ops_since_seed = 0
             with self._lock:
                 if refresh:  # the state after op `seq`, which the backup holds already: numbered as that op
                     self.refreshes += 1
