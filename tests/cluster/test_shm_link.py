@@ -159,6 +159,21 @@ def test_a_link_dropped_unclosed_hangs_up_on_its_server(tmp_path):
     assert ended.wait(10), "the server's loop never saw the link end"
 
 
+def test_a_process_that_stops_serving_hangs_up_on_its_callers_and_may_serve_again(tmp_path):
+    """A ps task leaving its cluster (its store lost, say) stops its links with its messaging: a worker stepping over
+    one sees the server gone, as when the process dies, instead of answers that fail for want of an endpoint."""
+    client = _linked(tmp_path)
+    shm_link.stop_servers()
+    with pytest.raises(shm_link.LinkClosed, match="server is gone"):
+        client.call(0, {"step": 0})
+        client.reply(0)
+    client.close()
+    again = _linked(tmp_path)  # a link served afterwards has a wake pipe of its own
+    again.call(0, {"step": 1})
+    assert again.reply(0) == ("done", {"step": 1})
+    again.close()
+
+
 def test_a_forked_child_ending_leaves_its_parents_links_served(tmp_path):
     """Tasks are forked from a fork server that imported this module: a child's exit must wake only its own
     serving loops, never its parent's or its siblings'."""
@@ -168,7 +183,7 @@ def test_a_forked_child_ending_leaves_its_parents_links_served(tmp_path):
     if pid == 0:  # the child: what its atexit would do, then its own wake pipe
         code = 0
         try:
-            shm_link._stop_servers()
+            shm_link.stop_servers()
             own = shm_link._process_wake()
             code = 0 if own is not parent_wake and own.pid == os.getpid() else 3
         except BaseException:

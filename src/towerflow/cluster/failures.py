@@ -18,7 +18,6 @@ group's; without one, the record is not numbered and the launcher says so.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import os
@@ -173,9 +172,6 @@ _recorded: Optional[FailureRecord] = None
 _first: Optional[FailureRecord] = None
 _report_error: Optional[str] = None  # why the launcher's report could not be written
 _board_error: Optional[str] = None  # why the store could not number the record
-_installed = False
-_exit_at_once = False
-_previous = sys.excepthook  # the hook that was there before towerflow's
 
 
 def attach(store) -> None:
@@ -353,47 +349,9 @@ def _describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:
     return f"towerflow: {rec.task} failed:\n{rec.traceback.rstrip()}"
 
 
-def install(exit_at_once: bool = False) -> None:
-    """Record and report an uncaught exception as this task's failure (`record`, `describe`).
-
-    `exit_at_once`: then leave with os._exit(1) (all-reduce replicas: closing the connections
-    fails the peers within seconds instead of at the collective's timeout). Calling it again puts
-    the hook back on top: torch's process group wraps the excepthook in one that buffers stderr
-    until the hook returns, which an os._exit would lose.
-    """
-    global _installed, _exit_at_once, _previous
-    _exit_at_once = _exit_at_once or exit_at_once
-    if _installed and sys.excepthook is _hook:
-        return
-    if not _installed:
-        _previous = sys.excepthook
-    _installed = True
-    sys.excepthook = _hook
-
-
-def _hook(exc_type, exc, tb):
-    if issubclass(exc_type, KeyboardInterrupt) or exc is None:
-        return _previous(exc_type, exc, tb)
-    rec = record(exc)
+def report(error: BaseException) -> None:
+    """Record `error` as this task's failure and print what the task says of it (`describe`)."""
+    rec = record(error)
     sys.stderr.write(describe(rec, _first) + "\n")
     sys.stderr.flush()
     sys.stdout.flush()
-    if _exit_at_once:
-        os._exit(1)
-
-
-def leave_at_exit(store, abort: Callable[[str], None], join: Callable[[], None]) -> None:
-    """A started Server's exit hooks: failures go to its `store`, and at exit the task leaves the
-    cluster with `abort` when a failure is recorded (an uncaught exception records one, see
-    `install`), so that it does not wait on the others, else with `join`."""
-    attach(store)
-    install()
-
-    def leave() -> None:
-        failure = recorded()
-        if failure is not None:
-            abort(failure.error)
-        else:
-            join()
-
-    atexit.register(leave)

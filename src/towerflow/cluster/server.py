@@ -26,6 +26,7 @@ from towerflow import taskenv as _taskenv
 from towerflow.cluster import addresses as _addresses
 from towerflow.cluster import ending as _ending
 from towerflow.cluster import environment as _env
+from towerflow.cluster import exit_hooks as _exit_hooks
 from towerflow.cluster import failures as _failures
 from towerflow.cluster.membership import Membership, rpc_name
 from towerflow.cluster.rendezvous import Rendezvous, say, task_name
@@ -167,7 +168,7 @@ class Server:
                 )
             _current = self
         self._set_local_task()
-        _failures.install()  # a failure to join is reported to the launcher like any other
+        _exit_hooks.install()  # a failure to join is reported to the launcher like any other
         _dump_stacks_on_sigusr1()
         deadline = time.monotonic() + self.join_timeout
         rv = self.rendezvous
@@ -180,7 +181,7 @@ class Server:
             self._close(graceful=False)
             raise
         self._started = True
-        _failures.leave_at_exit(rv.store, abort=self.abort, join=self.join)
+        _exit_hooks.leave_at_exit(rv.store, abort=self.abort, join=self.join)
         if self.incarnation > 0:
             me = rpc_name(self.job_name, self.task_index, self.incarnation)
             say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as {me}, in place of "

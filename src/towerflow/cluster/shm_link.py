@@ -291,7 +291,7 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
         try:
             while True:
                 if wake.r in select.select([request_fd, wake.r], [], [])[0]:
-                    return  # the process is exiting (`_stop_servers`)
+                    return  # the process stops serving, or exits (`stop_servers`)
                 frame = _read_frame(request_fd)
                 if frame is None:
                     if on_end is not None:
@@ -351,13 +351,18 @@ def _process_wake() -> _Wake:
         return _wake
 
 
-def _stop_servers() -> None:
-    """At exit: wake and join this process's serving loops (not those of the process it was forked from)."""
-    if _wake is not None and _wake.pid == os.getpid():
-        _wake.stop()
+def stop_servers() -> None:
+    """Wake and join this process's serving loops (not those of the process it was forked from), each closing its
+    pipes, so that every caller sees its server gone: when this process stops serving its cluster, and at exit."""
+    global _wake
+    with _wake_lock:
+        wake = _wake if _wake is not None and _wake.pid == os.getpid() else None
+        _wake = None  # a link served later gets a wake pipe of its own
+    if wake is not None:
+        wake.stop()
 
 
-atexit.register(_stop_servers)
+atexit.register(stop_servers)
 
 
 def same_host(address_a: str, address_b: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 import torch.distributed as dist
 
+from towerflow.cluster import shm_link as _shm_link
 from towerflow.cluster import wire as _wire
 from towerflow.errors import ClusterError, ClusterJoinError
 
@@ -170,6 +171,7 @@ def stop_endpoint(graceful: bool = True, everyone_leaving: Optional[Callable[[],
     if graceful and everyone_leaving is not None:
         everyone_leaving()
     _endpoint = None
+    _shm_link.stop_servers()  # a same-host link answering on would fail each step with "serves no endpoint"
     endpoint.close(linger_s=2.0 if graceful else 0.0)
 
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from towerflow.cluster import failures as _failures
+from towerflow.cluster import exit_hooks as _exit_hooks
 from towerflow.cluster import replica_rendezvous
 from towerflow.errors import StrategyError
 from towerflow.strategies import towers as _towers
@@ -100,12 +100,12 @@ class MirroredStrategy(LocalTablesStrategy):
         self._wrapped: list = []  # weak references to the DDP modules made here: shutdown takes the group from them
         self._heartbeat: Optional[replica_rendezvous.Heartbeat] = None
         if env.is_distributed:
-            _failures.install()  # also for a failure to meet the other replicas
+            _exit_hooks.install()  # also for a failure to meet the other replicas
             self._init_group(timeout_s)
             # an uncaught error is recorded (its traceback, or as the consequence of a lost peer) and the
             # replica exits at once: that closes its connections, so its peers fail within seconds rather
             # than at the collective's timeout, and the launcher names the replica that failed first
-            _failures.install(exit_at_once=True)
+            _exit_hooks.install(exit_at_once=True)
         elif devices is None and device.type == "cuda" and torch.cuda.device_count() > 1:
             warnings.warn(
                 f"{type(self).__name__} in a single process trains on {device_name} only, not on all "
