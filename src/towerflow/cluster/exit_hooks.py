@@ -64,9 +64,11 @@ def leave_at_exit(store, abort: Callable[[str], None], join: Callable[[], None])
         try:
             abort(failure.error)
         finally:
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+            try:
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(1)
 
     atexit.register(leave)
