@@ -191,7 +191,7 @@ def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> s
     import pathlib
     import tempfile
 
-    from _replicas_hosts import PLACES, Hosts
+    from _replicas_hosts import PLACES, Hosts, outputs
 
     with tempfile.TemporaryDirectory() as work:
         net = Hosts(3, pathlib.Path(work))
@@ -205,10 +205,7 @@ def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> s
                           f"ps{i}", extra)
             workers = [net.start(host_of["worker", w], argv(["--train", str(w), *binds, "--steps", str(steps)]),
                                  f"worker{w}", extra) for w in range(2)]
-            for w in workers:
-                if w.wait(timeout) != 0:
-                    raise RuntimeError(f"a bare worker on {w.host.name} exited {w.popen.returncode}:\n{w.output[-3000:]}")
-            return "\n".join(w.output for w in workers)
+            return outputs(workers, timeout, "a bare worker")
         finally:
             net.close()
 

@@ -17,6 +17,14 @@ from netns import Hosts  # noqa: E402
 PLACES = ((("ps", 0),), (("ps", 1), ("worker", 0)), (("worker", 1),))
 
 
+def outputs(procs, timeout: float, what: str) -> str:
+    """The processes' output once every one exited 0 within `timeout` s; RuntimeError naming the first that did not."""
+    for proc in procs:
+        if proc.wait(timeout) != 0:
+            raise RuntimeError(f"{what} on {proc.host.name} exited {proc.popen.returncode}:\n{proc.output[-4000:]}")
+    return "\n".join(proc.output for proc in procs)
+
+
 def run_on_hosts(script_argv: List[str], launch_flags: List[str], env: Dict[str, str], timeout: float) -> str:
     """Every task's launcher output, once all ended with 0 (RuntimeError naming the host otherwise)."""
     with tempfile.TemporaryDirectory() as work:
@@ -32,9 +40,6 @@ def run_on_hosts(script_argv: List[str], launch_flags: List[str], env: Dict[str,
             extra = {**env, "TOWERFLOW_CLUSTER_TOKEN": "ps-replicas-bench"}
             procs = [hosts.launch(host, cluster_file, job, index, script_argv, env=extra, launch_flags=launch_flags)
                      for host, tasks in zip(hosts.hosts, PLACES) for job, index in tasks]
-            for proc in procs:
-                if proc.wait(timeout) != 0:
-                    raise RuntimeError(f"a task on {proc.host.name} exited {proc.popen.returncode}:\n{proc.output[-4000:]}")
-            return "\n".join(proc.output for proc in procs)
+            return outputs(procs, timeout, "a task")
         finally:
             hosts.close()
