@@ -37,6 +37,7 @@ ENV_HEARTBEAT_TIMEOUT = "TOWERFLOW_HEARTBEAT_TIMEOUT"  # seconds of silence befo
 ENV_RESTART_COUNT = "TOWERFLOW_RESTART_COUNT"  # how many times the launcher restarted this task
 ENV_MAX_RESTARTS = "TOWERFLOW_MAX_RESTARTS"  # how many restarts the launcher allows each task
 ENV_RESTARTED_AT = "TOWERFLOW_RESTARTED_AT"  # time.time() when the launcher saw the previous incarnation die
+ENV_LAUNCH_ID = "TOWERFLOW_LAUNCH_ID"  # the launcher's own random id, the same for every incarnation of its tasks
 ENV_WIRE_SECURITY = "TOWERFLOW_WIRE_SECURITY"  # encrypt (CURVE) | authenticate (token-derived password); default by the cluster's hosts
 ENV_STORE = "TOWERFLOW_STORE"  # the rendezvous store: host:port when the launcher hosts it, or etcd://...
 ENV_ERROR_FILE = "TOWERFLOW_ERROR_FILE"  # where a failing task leaves its FailureReport for the launcher
@@ -100,6 +101,7 @@ class TaskEnv:
     restart_count: int = 0
     max_restarts: int = 0
     restarted_at: Optional[float] = None
+    launch_id: Optional[str] = None  # which launcher started this task (a restart finds its run by it: ending.py)
     wire_security: Optional[str] = None  # None: encrypt across hosts, authenticate on loopback
     ps_mode: Optional[str] = None
     ps_replicas_to_aggregate: Optional[int] = None
@@ -222,6 +224,7 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         restart_count=_count(env, ENV_RESTART_COUNT) or 0,
         max_restarts=_count(env, ENV_MAX_RESTARTS) or 0,
         restarted_at=_time(env, ENV_RESTARTED_AT),
+        launch_id=env.get(ENV_LAUNCH_ID) or None,
         wire_security=_choice(env, ENV_WIRE_SECURITY, WIRE_SECURITY),
         ps_mode=_choice(env, ENV_PS_MODE, PS_MODES),
         ps_replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),

@@ -1,9 +1,11 @@
 """The cluster's store in a real etcd (cluster/etcd_store.py) on loopback: c10d's semantics, gloo
-over it, a lost member, no member at all, the run's keys expiring, and a launch that uses it."""
+over it, a lost member, no member at all, the run's keys expiring, a task restarted after they did,
+and a launch that uses it."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import time
 import uuid
 
@@ -26,6 +28,19 @@ x = torch.tensor([rank + 1.0])
 dist.all_reduce(x)
 print("sum", x.item(), flush=True)
 dist.destroy_process_group()
+"""
+
+# A task of a two-task cluster, as a launcher starts it (its env says the store, the launch and the restart);
+# "hold": it never finishes, so its run never ends
+TASK = """
+import json, sys, time
+import towerflow
+server = towerflow.Server(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+print("up", flush=True)
+if sys.argv[4] == "hold":
+    time.sleep(600)
+server.join()
+print("finished", flush=True)
 """
 
 
@@ -172,3 +187,51 @@ def test_a_task_whose_etcd_is_unreachable_fails_within_its_join_timeout(free_por
     assert time.monotonic() - start < 5.0
     assert f"etcd at 'etcd://127.0.0.1:{store_port}'" in str(e.value) and "TOWERFLOW_STORE" in str(e.value)
     set_local_task("localhost", 0)
+
+
+def _run_task(procs, spec: dict, job: str, url: str, launch: str, restart: int, hold: bool = False):
+    env = {"TOWERFLOW_STORE": url, "TOWERFLOW_LAUNCH_ID": launch, "TOWERFLOW_RESTART_COUNT": str(restart),
+           "TOWERFLOW_MAX_RESTARTS": "3", "TOWERFLOW_JOIN_TIMEOUT": "4"}
+    return procs.python("-c", TASK, json.dumps(spec), job, "0", "hold" if hold else "go", env=env,
+                        label=f"{job}-{launch}-{restart}")
+
+
+def _expire_run(cluster, url: str) -> None:
+    """What etcd does LEASE_TTL s after a run's last process is gone, at once: the run's keys leave."""
+    from towerflow.cluster.etcd_store import EtcdStore
+    from towerflow.etcd_url import parse_etcd_url
+
+    run = EtcdStore(cluster.endpoints, "towerflow/" + parse_etcd_url(url, "url").prefix, timeout=1)
+    run.close()
+    run.client.revoke(run.lease)
+    assert not run.check(["towerflow/coordinator"])
+
+
+@pytest.mark.multiprocess
+def test_a_task_restarted_after_its_run_ended_and_left_the_store_exits_0(etcd, procs, free_ports):
+    cluster = etcd(1)
+    spec = {"ps": [f"127.0.0.1:{p}" for p in free_ports(1)], "worker": [f"127.0.0.1:{p}" for p in free_ports(1)]}
+    url = cluster.url + "/ended-" + uuid.uuid4().hex[:8]
+    first = [_run_task(procs, spec, job, url, "launch-a", 0) for job in ("ps", "worker")]
+    for p in first:
+        assert p.wait(60) == 0, procs.describe()
+    _expire_run(cluster, url)
+    # the worker's host was cut off across the job's end: its launcher restarts it once the cable is back
+    again = _run_task(procs, spec, "worker", url, "launch-a", 1)
+    assert again.wait(30) == 0, again.describe()
+    assert "has nothing to rejoin: its cluster's run ended" in again.err and "up" not in again.out
+
+
+@pytest.mark.multiprocess
+def test_a_task_restarted_after_its_run_left_the_store_unended_does_not_exit_0(etcd, procs, free_ports):
+    cluster = etcd(1)
+    spec = {"ps": [f"127.0.0.1:{p}" for p in free_ports(1)], "worker": [f"127.0.0.1:{p}" for p in free_ports(1)]}
+    url = cluster.url + "/unended-" + uuid.uuid4().hex[:8]
+    first = [_run_task(procs, spec, job, url, "launch-b", 0, hold=True) for job in ("ps", "worker")]
+    wait_until(lambda: all("up" in p.out for p in first), 60, "both tasks up")
+    for p in first:
+        p.kill_group()
+    _expire_run(cluster, url)
+    again = _run_task(procs, spec, "worker", url, "launch-b", 1)
+    assert again.wait(30) != 0, again.describe()
+    assert "gone from the store without an end" in again.err and "missing: /job:ps/task:0" in again.err, again.describe()

@@ -2,7 +2,7 @@
 
 env    print the environment contract as JSON
 crash  record the pid; worker 1 exits 3 once every task has recorded its pid, the others sleep
-flaky  exit 5 unless the launcher has restarted this task
+flaky  print the launcher's id, then exit 5 unless the launcher has restarted this task
 sleep  record the pid and sleep
 """
 
@@ -31,5 +31,6 @@ if mode == "crash" and name == "worker:1":
     print("worker 1 is about to fail", file=sys.stderr, flush=True)
     sys.exit(3)
 if mode == "flaky":
+    print("launch", os.environ.get("TOWERFLOW_LAUNCH_ID"), flush=True)
     sys.exit(0 if os.environ.get("TOWERFLOW_RESTART_COUNT") else 5)
 time.sleep(120)

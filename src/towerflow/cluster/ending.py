@@ -15,14 +15,22 @@ Whichever comes second sees the other. Either the end's compare-and-set fails an
 until the new incarnation is done again (it rejoins; a worker that had finished learns so from
 the ps and trains no more), or the new incarnation finds the cluster ENDED, puts the done key
 back and has nothing to rejoin: its part of the work was over before it was killed.
+
+A store in etcd outlives the run's processes by only its lease (etcd_store.py): a task restarted later
+than that (its host cut off across the job's end) would find no trace of its run and wait for the
+others as at a first start. So every task records, beside the run's keys and beyond its lease, which
+run its launcher's tasks joined (`remember_run`, by the launcher's id), and each task that sees the end
+records that run's end (`record_end`): such a restart learns that its run ended and exits 0.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Collection, Sequence, Tuple
 
 from towerflow.cluster import failures as _failures
+from towerflow.cluster import stores as _stores
 from towerflow.cluster import transport as _transport
 from towerflow.cluster.transport import Store
 
@@ -129,3 +137,40 @@ def rejoin_or_exit(rendezvous) -> None:
           "before it was killed, and so had every other task; the cluster has ended. Exiting with 0.",
           file=sys.stderr, flush=True)
     raise SystemExit(0)
+
+
+def remember_run(rendezvous) -> None:
+    """Record, beyond the run's lease, that this task's launcher joined the run the store holds now (etcd only)."""
+    if rendezvous.records is not None and rendezvous.launch_id:
+        rendezvous.records.remember(f"launch/{rendezvous.launch_id}", rendezvous.nonce)
+
+
+def record_end(rendezvous) -> None:
+    """Record, beyond the run's lease, that the run has ended (etcd only)."""
+    if rendezvous.records is not None and rendezvous.nonce:
+        rendezvous.records.remember(f"ended/{rendezvous.nonce}", repr(time.time()))
+
+
+def exit_if_run_ended(rendezvous) -> None:
+    """A restarted incarnation, before it joins: when the run its launcher's tasks joined is no longer the one in
+    the store (its keys expired) and that run had ended, say so and exit 0 (SystemExit); when it had not ended,
+    say so and go on joining whatever run the store holds, as at a first start."""
+    if rendezvous.incarnation == 0 or rendezvous.records is None or not rendezvous.launch_id:
+        return
+    run = rendezvous.records.recall(f"launch/{rendezvous.launch_id}")
+    if run is None:
+        return  # no incarnation of this launcher's tasks joined a run yet
+    now = _stores.read_publisher(rendezvous.store)
+    if now is not None and now["nonce"] == run:
+        return  # its run goes on (or is leaving: rejoin_or_exit decides once the slot is held)
+    who = f"{rendezvous.name} (restart {rendezvous.incarnation})"
+    ended = rendezvous.records.recall(f"ended/{run}")
+    if ended is not None:
+        ago = max(0.0, time.time() - float(ended))
+        print(f"towerflow: {who} has nothing to rejoin: its cluster's run ended {ago:.0f} s ago, while this task was "
+              "away, and its keys have left the store since. Exiting with 0.", file=sys.stderr, flush=True)
+        raise SystemExit(0)
+    print(f"towerflow: {who}: the run it belonged to is gone from the store without an end (every task of it was "
+          "away for longer than the store keeps a run's keys); it joins "
+          + ("the run the store holds now." if now is not None else "as at a first start, waiting for the others."),
+          file=sys.stderr, flush=True)

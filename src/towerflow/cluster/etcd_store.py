@@ -7,7 +7,9 @@ goes: `PrefixStore`, gloo's `init_process_group(store=...)`, towerflow's members
 
 Every key of a run lives under one prefix and is attached to one etcd lease that every process
 using the store keeps alive: when the last of them is gone, the run's keys expire `LEASE_TTL` s
-later, so a new run of the same cluster starts clean instead of finding the last one ended.
+later, so a new run of the same cluster starts clean instead of finding the last one ended. The few
+records that must outlive the run (`remember`: a run's end, which run a launcher's tasks belong to)
+sit beside the prefix on a lease of their own, for `OUTLIVE_TTL` s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from towerflow.cluster import etcd as _etcd
 from towerflow.cluster.etcd import compare, put_op, range_kvs, range_op
 
 LEASE_TTL = 20  # seconds a run's keys outlive its last process
+OUTLIVE_TTL = 24 * 3600  # seconds a record that outlives its run is kept (`remember`)
 POLL_FIRST, POLL_MAX = 0.01, 0.2  # a blocking get polls this often, backing off
 # Every EtcdStore of this process, for its lifetime: a PrefixStore (C++) over one holds only its C++ half,
 # and once the Python object is collected its methods fall back to c10d's "Not implemented".
@@ -50,6 +53,7 @@ class EtcdStore(dist.Store):
         self.client = _etcd.EtcdClient(endpoints, deadline if reach_within is None else reach_within)
         self.prefix = ("/" + prefix.strip("/") + "/").encode()
         self._revisions: dict = {}  # key -> (value, mod_revision) last seen: add() then costs one round trip
+        self._outlive_lease: Optional[int] = None  # granted by the first `remember`
         self.lease = self._attach_lease()  # EtcdUnavailable when no member answers within reach_within s
         self.client.deadline = deadline
         self._closed = threading.Event()
@@ -88,6 +92,20 @@ class EtcdStore(dist.Store):
     def close(self) -> None:
         """Stop renewing the run's lease (the other processes of the run keep it)."""
         self._closed.set()
+
+    # --- records that outlive the run ------------------------------------------------------
+
+    def remember(self, name: str, value: str) -> None:
+        """Keep `value` as record `name` for OUTLIVE_TTL s, whatever becomes of the run's lease: what a task
+        restarted after its run's keys expired must still learn (cluster/ending.py)."""
+        if self._outlive_lease is None:
+            self._outlive_lease = self.client.grant(OUTLIVE_TTL)
+        self.client.put(self._aside(b"outlive/" + name.encode()), value.encode(), self._outlive_lease)
+
+    def recall(self, name: str) -> Optional[str]:
+        """Record `name` (`remember`), or None."""
+        held = self.client.get(self._aside(b"outlive/" + name.encode()))
+        return None if held is None else _bytes(held["value"]).decode()
 
     # --- c10d's Store ----------------------------------------------------------------------
 

@@ -235,7 +235,7 @@ def _board() -> Optional[_Board]:
 
         if not env.cluster:  # the run's prefix is named after the cluster: unknown here
             return None
-        return _Board(stores.open_etcd(address, ClusterSpec(env.cluster), BOARD_TIMEOUT, BOARD_TIMEOUT, "failure"))
+        return _Board(stores.open_etcd(address, ClusterSpec(env.cluster), BOARD_TIMEOUT, BOARD_TIMEOUT, "failure")[0])
     if address:
         host, port = split_address(address)
         from towerflow.cluster import transport

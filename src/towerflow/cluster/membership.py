@@ -312,6 +312,7 @@ class Membership:
             done = self.done_tasks()
             missing = [t for t in tasks if (t.job, t.task) not in done]
             if not missing and _ending.try_end(self._store, [rv.key("done", t.job, t.task) for t in tasks]):
+                _ending.record_end(rv)
                 return  # ended once for all: a restarted incarnation now finds it so and does not rejoin
             self.check_heartbeats(missing, seen)
             if deadline is not None and time.monotonic() > deadline:

@@ -64,14 +64,17 @@ class Rendezvous:
     """
 
     def __init__(self, cluster: ClusterSpec, job: str, index: int, *, token: Optional[str], join_timeout: float,
-                 binding: Optional[_addresses.Binding], store_address: Optional[str], incarnation: int):
+                 binding: Optional[_addresses.Binding], store_address: Optional[str], incarnation: int,
+                 launch_id: Optional[str] = None):
         self.cluster, self.job, self.index = cluster, job, index
         self.name = task_name(job, index)
         self.address = cluster.task_address(job, index)
         self.token, self.binding, self.store_address = token, binding, store_address
         self.join_timeout = join_timeout  # the store's own timeout, and what a gave-up message cites
         self.incarnation = incarnation  # claim_slot raises it when it takes over from a dead holder
+        self.launch_id = launch_id  # the launcher that started this task, if one did (taskenv.ENV_LAUNCH_ID)
         self.store = None
+        self.records = None  # the EtcdStore under `store`, whose records outlive the run; None for a TCPStore
         self.nonce: Optional[str] = None
         self.hosts_store = False  # this task serves the store: it must outlive everyone's leave
         self.port = binding.port if binding is not None else None  # held port: the system's pick for port 0
@@ -139,8 +142,9 @@ class Rendezvous:
             except OSError as e:
                 bind_error = e
         if etcd_url.is_etcd_url(self.store_address):
-            self.store = _stores.open_etcd(self.store_address, self.cluster, self.join_timeout,
-                                           max(1.0, deadline - time.monotonic()), self.name)
+            self.store, self.records = _stores.open_etcd(self.store_address, self.cluster, self.join_timeout,
+                                                         max(1.0, deadline - time.monotonic()), self.name)
+            _ending.exit_if_run_ended(self)  # a restart after its run's keys expired: see ending.py
             info = _stores.publish_or_read(self.store, self.cluster, self.token, self.name)[0]
         else:
             info = self._join_hosted(deadline, bind_error)
@@ -149,6 +153,7 @@ class Rendezvous:
             raise self._bind_error(bind_error, taken or None)
         self._check_publisher(info)
         self.nonce = info["nonce"]
+        _ending.remember_run(self)
 
     def _join_hosted(self, deadline: float, bind_error: Optional[OSError]) -> dict:
         """Connect to the store the launcher or the coordinator serves, once it listens; its publisher record."""

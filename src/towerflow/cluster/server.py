@@ -100,7 +100,7 @@ class Server:
         store_address = env.store  # the launcher's store, when it hosts one
         self.rendezvous = Rendezvous(self.cluster, self.job_name, self.task_index, token=self.token,
                                      join_timeout=self.join_timeout, binding=self.binding,
-                                     store_address=store_address, incarnation=restarts)
+                                     store_address=store_address, incarnation=restarts, launch_id=env.launch_id)
         self.membership = Membership(self.rendezvous, heartbeat_timeout=self.heartbeat_timeout,
                                      join_timeout=self.join_timeout, max_restarts=self.max_restarts)
         self.replaced: List[str] = []  # RPC names of dead incarnations this one took over from

@@ -69,8 +69,9 @@ def etcd_prefix(address: etcd_url.EtcdAddress, cluster: ClusterSpec) -> str:
 
 
 def open_etcd(url: str, cluster: ClusterSpec, timeout: float, reach_within: float, who: str):
-    """The rendezvous store of `cluster` in etcd at `url` (a TOWERFLOW_STORE value). ClusterJoinError
-    naming every member and why, when none answers within `reach_within` s (never a hang)."""
+    """The rendezvous store of `cluster` in etcd at `url` (a TOWERFLOW_STORE value), and the `EtcdStore` under
+    it (its records outlive the run). ClusterJoinError naming every member and why, when none answers within
+    `reach_within` s (never a hang)."""
     address = etcd_url.parse_etcd_url(url, _taskenv.ENV_STORE)
     try:
         store = _transport.connect_etcd(address.endpoints, etcd_prefix(address, cluster), timeout, reach_within)
@@ -81,7 +82,12 @@ def open_etcd(url: str, cluster: ClusterSpec, timeout: float, reach_within: floa
             "--store, or raise the wait with " + _taskenv.ENV_JOIN_TIMEOUT + ".",
             task=who,
         ) from None
-    return _transport.prefix_store("towerflow", store)
+    return _transport.prefix_store("towerflow", store), store
+
+
+def read_publisher(store) -> Optional[dict]:
+    """The publisher record of the run the store holds now, or None (no task has published one yet)."""
+    return json.loads(store.get(PUBLISHER_KEY)) if store.check([PUBLISHER_KEY]) else None
 
 
 def publish_or_read(store, cluster: ClusterSpec, token: Optional[str], who: str) -> Tuple[dict, bool]:

@@ -16,7 +16,8 @@ from typing import Dict, Iterable, Mapping, Optional
 from towerflow import taskenv as _te
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
 from towerflow.errors import LaunchError
-from towerflow.taskenv import ENV_ERROR_FILE, ENV_MAX_RESTARTS, ENV_RESTART_COUNT, ENV_RESTARTED_AT  # noqa: F401 (written here)
+from towerflow.taskenv import (ENV_ERROR_FILE, ENV_LAUNCH_ID, ENV_MAX_RESTARTS, ENV_RESTART_COUNT,  # noqa: F401 (written here)
+                               ENV_RESTARTED_AT)
 
 # What a task of a cluster with ps tasks gets unless the launching environment sets the variable.
 # Every push and pull lands in a buffer libzmq allocates fresh with malloc (a 17M-parameter model's

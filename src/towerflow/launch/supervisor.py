@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -66,6 +67,7 @@ class Supervisor:
         self._failed = False  # a task process failed (it may have been restarted since)
         self._log = _runlog.RunLog.for_tasks([t.env for t in self.tasks])  # the run's state for `towerflow top`
         self._forks: Optional[_forks.ForkServer] = None  # for the length of run(), when it pays (_fork_server)
+        self.launch_id = secrets.token_hex(8)  # every incarnation of these tasks carries it (cluster/ending.py)
 
     def _say(self, text: str) -> None:
         with self._lock:
@@ -148,6 +150,7 @@ class Supervisor:
                 self._log.task_exit(_runlog.task_name(r.spec.job, r.spec.index), r.proc.poll(), r.restarts, r.stopped)
 
     def _start(self, spec: TaskProcessSpec, restarts: int) -> TaskProcess:
+        spec = dataclasses.replace(spec, env={**spec.env, _env.ENV_LAUNCH_ID: self.launch_id})
         return TaskProcess(spec, restarts, self.out, self.err, self._lock, self.max_restarts, self._reports, self._failing,
                         self._forks)
 
