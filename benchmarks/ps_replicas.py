@@ -2,8 +2,8 @@
 
     PYTHONPATH=src python benchmarks/ps_replicas.py --launches 5
 
-Two jobs, each launched with `towerflow launch --ps 2 --workers 2 --ps-replicas R`, R = 1 and 2
-interleaved (1, 2, 1, 2, ...) so both see the same machine load:
+Two jobs, each launched with `towerflow launch --ps 2 --workers 2 --ps-replicas R` (on one host `--workers N`
+gives N workers), R = 1 and 2 interleaved (1, 2, 1, 2, ...) so both see the same machine load:
 
 * `mlp`: benchmarks/_replicas_task.py, ps_step.py's small MLP (84,490 parameters, batch 32, SGD), one
   torch thread per process (OMP_NUM_THREADS=1); total steps/s of both workers;
@@ -53,12 +53,13 @@ def _command(job: str, setting: str, args) -> tuple:
                    "--test-size", "2000"]
 
 
-def _rate(job: str, output: str) -> float:
-    """Total steps/s (mlp) or samples/s (ctr) of both workers, from their lines."""
+def _rate(job: str, output: str, workers: int = 2) -> float:
+    """Total steps/s (mlp) or samples/s (ctr) of every worker, from their lines."""
     pattern = r"steps/s ([0-9.]+)" if job == "mlp" else r"steps in [0-9.]+s, ([0-9.]+) samples/s"
     rates = [float(r) for r in re.findall(pattern, output)]
-    if len(rates) != 2:
-        raise RuntimeError(f"expected both workers' rates in the {job} job's output, found {rates}:\n{output[-4000:]}")
+    if len(rates) != workers:
+        raise RuntimeError(f"expected {workers} workers' rates in the {job} job's output, found {rates}:\n"
+                           f"{output[-4000:]}")
     return sum(rates)
 
 
@@ -81,12 +82,12 @@ def run(job: str, setting: str, args) -> float:
 
         wire = {"TOWERFLOW_WIRE_SECURITY": args.wire} if args.wire else {}
         return _rate(job, run_on_hosts(script, flags, wire, args.timeout))  # one torch thread per task there
-    launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", *flags, *script]
+    launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", str(args.workers), *flags, *script]
     done = subprocess.run(launch, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{job} setting {setting} exited {done.returncode}:\n{done.stdout[-4000:]}"
                            f"{done.stderr[-4000:]}")
-    return _rate(job, done.stdout + done.stderr)
+    return _rate(job, done.stdout + done.stderr, args.workers)
 
 
 def main(argv=None) -> dict:
@@ -98,6 +99,7 @@ def main(argv=None) -> dict:
     p.add_argument("--ctr-steps", type=int, default=150)
     p.add_argument("--rows", type=int, default=200_000, help="ctr: rows per table")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--workers", type=int, default=2, help="one host: the workers of each job (1: one link per ps)")
     p.add_argument("--settings", default="1,2", help="comma-separated R or R@LAG (--ps-replicas R --ps-replica-lag LAG)")
     p.add_argument("--hosts", type=int, default=1, choices=(1, 3),
                    help="3: on three network-namespace hosts (root), each part's mirror on another host")
@@ -105,6 +107,8 @@ def main(argv=None) -> dict:
                    help="with --hosts 3: TOWERFLOW_WIRE_SECURITY for every task (default: encrypt, as across hosts)")
     p.add_argument("--out", default=os.path.join(RESULTS, "ps_replicas.json"))
     args = p.parse_args(argv)
+    if args.workers < 1 or (args.workers != 2 and (args.hosts != 1 or "bare" in args.jobs.split(","))):
+        p.error(f"--workers {args.workers}: expected 1 or more, and 2 with --hosts 3 or --jobs bare")
     settings = args.settings.split(",")
     for setting in settings:
         _setting(setting)  # a bad one fails before any launch

@@ -152,6 +152,31 @@ def test_a_tiny_parts_ring_never_fills_its_backup_is_seeded_anew_first(monkeypat
     _same(primary, mirror)
 
 
+def test_one_workers_ring_never_fills_its_backup_is_seeded_anew_at_half(monkeypatch):
+    """One worker's link thread fills its ring alone, as fast as the bytes of a fresh seed grow (what a ring holds is
+    what a refreshed mirror holds): the backup is seeded anew once the ring is half full, before any push has to go
+    through a slot and make the backup copy out every record."""
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=8)
+    assert replica._refresh_after == _replication.REFRESH_BYTES and _replication.REFRESH_OPS > 30
+    for start in range(0, 30, 3):
+        _steps(primary, link, 3, first=start)
+        link.flush()
+    (sender,) = senders
+    assert replica.refreshes >= 6 and sender.link.calls == 0 and sender.ring_ops == 29
+    _same(primary, mirror)
+
+
+def test_a_half_full_ring_is_seeded_anew_once_not_again_while_the_seed_travels(monkeypatch):
+    primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=8)
+    _steps(primary, link, 1)
+    ticket = primary.pull(0).wait().ticket
+    for s in range(1, 8):  # nothing delivered: the fresh seed is on its way all along
+        ticket = primary.push_pull(PushPull(0, ticket, _grads(primary, s), 0.1, s + 1)).wait().pulled.ticket
+    assert replica.refreshes == 1 and senders[0].ring_ops == 7  # at 4 records; 3 written since
+    link.flush()
+    _same(primary, mirror)
+
+
 def test_a_fresh_seed_makes_the_rings_records_moot(monkeypatch):
     monkeypatch.setattr(_replication, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
     monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)

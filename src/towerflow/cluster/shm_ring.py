@@ -81,10 +81,15 @@ class RingWriter(_Ring):
         """The reader takes no more records (`RingReader.close`)."""
         return bool(self.control[_CLOSED])
 
+    @property
+    def untaken(self) -> int:
+        """How many records the reader has not taken yet (`put` fails once every slot holds one)."""
+        return self.written - int(self.control[_TAKEN])
+
     def put(self, tensors: Sequence[torch.Tensor], values: Sequence[float]) -> bool:
         """Copy one record into the next slot and publish it; False (nothing written) while every slot holds a
         record the reader has not taken."""
-        if self.written - int(self.control[_TAKEN]) >= self.offer.slots:
+        if self.untaken >= self.offer.slots:
             return False
         k = self.written % self.offer.slots
         torch._foreach_copy_(self.records[k], list(tensors))

@@ -86,6 +86,7 @@ class LinkSender:
         self._next = 0
         self._unread: List[Optional[_SlotAck]] = [None] * shm_link.SLOTS
         self.ring_ops = 0
+        self._seeds, self._written_at_seed = 0, 0  # the backup's last seed this thread saw, and the ring's count then
 
     def __call__(self, frame: ReplicaFrame):
         op = frame.op
@@ -109,6 +110,16 @@ class LinkSender:
         # in a fraction of the dataclasses' time
         ack = self._unread[slot] = _SlotAck(self.link, slot)
         return ack
+
+    def ring_half_full(self, seeds: int) -> bool:
+        """Whether half of the ring's slots hold records the backup has not taken that were written after its seed
+        number `seeds` (the backup skips those before once that seed reaches it: it need not be seeded again)."""
+        ring = self.ring
+        if ring is None:
+            return False
+        if seeds != self._seeds:
+            self._seeds, self._written_at_seed = seeds, ring.written
+        return 2 * min(ring.untaken, ring.written - self._written_at_seed) >= ring.offer.slots
 
     def close(self) -> None:
         """The backup is lost: close the link, the ring and the other connection."""

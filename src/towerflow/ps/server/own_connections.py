@@ -37,6 +37,10 @@ class OwnConnections:
             local.wants = backup
         return send
 
+    def current(self, backup: str):
+        """This thread's own connection to `backup`, if it has one (asking for none)."""
+        return getattr(self._local, "channels", {}).get(backup)
+
     def sent(self, backup: str, seq: int, call: object) -> None:
         """Op `seq` went on this thread's connection; `call.result()` reads its ack."""
         self._local.pending.append((backup, seq, call))

@@ -16,8 +16,8 @@ has one push more in flight when it sends the next (it reads a step's reply afte
 for such workers (`own_push`) the reply waits for the push it answers, while they compute anyway. Replies that
 nobody could send again (a finish, a load, a read that admitted hash ids) wait for every op sent so
 far. A primary whose whole state is small (no tables) seeds its mirror anew after `REFRESH_FACTOR`
-times its state's bytes of ops (at least `REFRESH_BYTES`, at most `REFRESH_OPS` ops), so that the backup
-holds the ops in between without applying them (`mirror.py`).
+times its state's bytes of ops (at least `REFRESH_BYTES`, at most `REFRESH_OPS` ops, or once a thread's same-host
+ring is half full), so that the backup holds the ops in between without applying them (`mirror.py`).
 
 Asynchronous replication (`max_lag` > 0, async training only) lets a worker's reply run up to `max_lag`
 ops ahead of the backup's acks instead: a step never waits for the backup unless it falls that far
@@ -326,10 +326,17 @@ class Replicator:
         threading.Thread(target=run, name=f"towerflow-reseed-{self.model}", daemon=True).start()
 
     def _refresh_due(self) -> bool:
-        """Whether a small state's backup is to be seeded anew: enough bytes of ops since its seed, or enough ops that a
-        same-host ring of small records could fill before the backup takes them (it takes them at the seed)."""
-        return bool(self._refresh_after) and (self._since_seed >= self._refresh_after
-                                              or self._ops_since_seed >= REFRESH_OPS)
+        """Whether a small state's backup is to be seeded anew: enough bytes of ops since its seed, enough ops that a
+        same-host ring of small records could fill before the backup takes them (it takes them at the seed), or this
+        thread's ring half full (one worker's link fills its ring alone; a full ring sends the backup an op that
+        makes it copy out every record)."""
+        if not self._refresh_after:
+            return False
+        if self._since_seed >= self._refresh_after or self._ops_since_seed >= REFRESH_OPS:
+            return True
+        channel = self._own.current(self.backup) if self._own is not None and self.backup is not None else None
+        half_full = getattr(channel, "ring_half_full", None)
+        return half_full is not None and half_full(self.seeds + self.refreshes)
 
     def seed(self, to: str, refresh: bool = False) -> None:
         """Make `to` the backup: send it a snapshot of the whole state, then forward every later op (`refresh`: it is
