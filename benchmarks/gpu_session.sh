@@ -14,6 +14,8 @@
 #                                           # each with 10 steps of its workers profiled
 #   bash benchmarks/gpu_session.sh profile  # the sparse ps's workers under torch.profiler, on the GPU then the
 #                                           # CPU (10 steps each from global step 200; tables in $OUT/profile-*)
+#   bash benchmarks/gpu_session.sh replicas # CPU only: what --ps-replicas 2 costs the small MLP job with the
+#                                           # machine's cores, then with 2 of them (taskset), as on the 2-core VMs
 #
 # Every failure's report is written to $OUT/failures-PID.log as it happens (benchmarks/_failures_now.py), so a
 # part cut short by its bound still says why each test it ran failed.
@@ -116,5 +118,15 @@ case "${1:-all}" in
                 examples/ctr_ps.py --rows 100000 --steps 600 2>&1 | tail -6
             head -30 "$OUT/profile-$where"/profile/worker0-*.txt
         done 2>&1 | tee "$OUT/profile.log" ;;
-    *) echo "usage: $0 tests|suite|bench|all|short|check|profile" >&2; exit 2 ;;
+    replicas)
+        # whether replication's cost on the 2-core machines (docs/benchmarks.md) is the cores': the same job with
+        # every core of this machine, then held to two
+        for cores in all 0-1; do
+            pin=""
+            if [ $cores != all ]; then pin="taskset -c $cores"; fi
+            echo "== cores: $cores"
+            CUDA_VISIBLE_DEVICES= timeout 280 $pin $PY benchmarks/ps_replicas.py --jobs mlp --settings 1,2 --launches 3 \
+                --mlp-steps 4000 --out "$OUT/ps_replicas_cores_$cores.json"
+        done 2>&1 | tee "$OUT/replicas.log" ;;
+    *) echo "usage: $0 tests|suite|bench|all|short|check|profile|replicas" >&2; exit 2 ;;
 esac
