@@ -123,3 +123,17 @@ def test_a_restarted_server_exits_0_when_the_cluster_has_ended(monkeypatch, caps
     assert exit_.value.code == 0
     assert "/job:worker/task:1 (restart 1) has nothing to rejoin" in capsys.readouterr().err
     assert {"leaving/worker/1", "left/worker/1"} <= set(s.rendezvous.store.d)  # the others' leave does not wait for it
+
+
+def test_a_run_whose_end_cannot_be_recorded_beyond_the_lease_still_ends_saying_so(capsys):
+    class Unreachable:
+        def remember(self, name, value):
+            raise ConnectionError("no etcd member answers")
+
+    class Rendezvous:
+        records, nonce, name = Unreachable(), "n1", "/job:worker/task:0"
+
+    ending.record_end(Rendezvous())  # the work is over: nothing raised
+    said = capsys.readouterr().err
+    assert "the cluster's run has ended, but recording so beyond the store's lease failed" in said
+    assert "no etcd member answers" in said

@@ -146,9 +146,16 @@ def remember_run(rendezvous) -> None:
 
 
 def record_end(rendezvous) -> None:
-    """Record, beyond the run's lease, that the run has ended (etcd only)."""
-    if rendezvous.records is not None and rendezvous.nonce:
+    """Record, beyond the run's lease, that the run has ended (etcd only). The work is over whatever becomes of the
+    record: a store that fails here is said, not raised (every other task that saw the end records it too)."""
+    if rendezvous.records is None or not rendezvous.nonce:
+        return
+    try:
         rendezvous.records.remember(f"ended/{rendezvous.nonce}", repr(time.time()))
+    except Exception as e:
+        print(f"towerflow: {rendezvous.name}: the cluster's run has ended, but recording so beyond the store's lease "
+              f"failed ({e}); a task restarted later than that would wait for the others as at a first start.",
+              file=sys.stderr, flush=True)
 
 
 def exit_if_run_ended(rendezvous) -> None:
