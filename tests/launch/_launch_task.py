@@ -15,7 +15,7 @@ mode, folder = sys.argv[1], sys.argv[2]
 name = f"{os.environ['TOWERFLOW_JOB_NAME']}:{os.environ['TOWERFLOW_TASK_INDEX']}"
 keys = ("TOWERFLOW_JOB_NAME", "TOWERFLOW_TASK_INDEX", "TF_CONFIG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
         "MASTER_PORT", "TOWERFLOW_LOGDIR", "TOWERFLOW_DEVICE", "TOWERFLOW_CLUSTER_TOKEN", "TOWERFLOW_PS_MODE",
-        "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE", "TOWERFLOW_PS_STALENESS")
+        "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE", "TOWERFLOW_PS_STALENESS", "TOWERFLOW_LAUNCH_ID")
 if mode == "env":
     print(json.dumps({k: os.environ.get(k) for k in keys}))
     print("to stderr", file=sys.stderr)

@@ -46,6 +46,8 @@ def test_each_task_gets_its_role_and_the_environment_contract(launcher, tmp_path
         assert all(a.startswith("127.0.0.1:") for hosts in tf["cluster"].values() for a in hosts)  # loopback only
         assert env["TOWERFLOW_LOGDIR"] == str(tmp_path / "logs") and env["MASTER_ADDR"] == "127.0.0.1"
     assert len({e["MASTER_PORT"] for e in envs.values()}) == 1 and len({e["TOWERFLOW_CLUSTER_TOKEN"] for e in envs.values()}) == 1
+    launches = {e["TOWERFLOW_LAUNCH_ID"] for e in envs.values()}
+    assert len(launches) == 1 and None not in launches  # one launcher, one id for every task it starts
 
 
 def test_nproc_and_devices_start_one_worker_per_device(launcher, tmp_path):
