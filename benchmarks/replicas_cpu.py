@@ -5,7 +5,8 @@ with and without replication, launches alternated (docs/benchmarks.md, "Replicat
 
 Each launch is ps_replicas.py's `mlp` job (`towerflow launch --ps 2 --workers 2`, the small MLP, one torch thread
 per process) with enough steps that a window of `--window` seconds, `--after` seconds in, falls inside training.
-Over the window it reads every task process's user and system time (`/proc/PID/stat`) and the machine's idle time
+Over the window it reads every task process's user and system time (`/proc/PID/stat`; the system time is
+printed in brackets) and the machine's idle time
 (`/proc/stat`); a step is one of either worker's, counted from the job's own steps/s. On a machine whose cores the
 job saturates, steps/s is about the cores over the sum of the CPU per step, less the idle share.
 """
@@ -31,11 +32,12 @@ def _descendants(pid: int) -> list:
 
 
 def _cpu_s(pid: int):
+    """(user, system) seconds of CPU the process has used, or None once it is gone."""
     try:
         fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
 
 
 def _task(pid: int):
@@ -73,8 +75,10 @@ def measure(replicas: int, args) -> dict:
     steps = rate * (t1 - t0)
     if any(cpu0[p] is None or cpu1[p] is None for p in tasks) or len(tasks) != 4:
         raise RuntimeError(f"the window missed a task ({sorted(tasks.values())}): raise --steps or lower --after")
-    per_step = {tasks[p]: 1e6 * (cpu1[p] - cpu0[p]) / steps for p in tasks}
+    per_step = {tasks[p]: 1e6 * (sum(cpu1[p]) - sum(cpu0[p])) / steps for p in tasks}
+    system = {tasks[p]: 1e6 * (cpu1[p][1] - cpu0[p][1]) / steps for p in tasks}
     return {"steps_per_s": rate, "cpu_us_per_step": dict(sorted(per_step.items())),
+            "system_us_per_step": dict(sorted(system.items())),
             "idle": (idle1[0] - idle0[0]) / max(1, idle1[1] - idle0[1])}
 
 
@@ -92,9 +96,9 @@ def main(argv=None) -> list:
         for replicas in ((1, 2) if launch % 2 == 0 else (2, 1)):
             run = {"replicas": replicas, **measure(replicas, args)}
             runs.append(run)
-            cpu = run["cpu_us_per_step"]
-            print(f"--ps-replicas {replicas}: {run['steps_per_s']:.0f} steps/s; CPU per step "
-                  + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+            cpu, system = run["cpu_us_per_step"], run["system_us_per_step"]
+            print(f"--ps-replicas {replicas}: {run['steps_per_s']:.0f} steps/s; CPU per step (of it the kernel's) "
+                  + ", ".join(f"{k} {v:.0f} ({system[k]:.0f})" for k, v in cpu.items())
                   + f" µs, sum {sum(cpu.values()):.0f} µs; cores idle {100 * run['idle']:.1f}%", flush=True)
     if args.json:
         with open(args.json, "w") as f:
