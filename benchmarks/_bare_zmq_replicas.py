@@ -160,7 +160,8 @@ def run(replicas: int, steps: int, hosts: int, curve: bool, timeout: float) -> s
     from towerflow.launch.environment import PS_ALLOCATOR_ENV
 
     me = os.path.abspath(__file__)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(os.path.dirname(HERE), "src"), **PS_ALLOCATOR_ENV)
+    path = os.pathsep.join(filter(None, [os.path.join(os.path.dirname(HERE), "src"), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, **PS_ALLOCATOR_ENV)  # keeps a site folder given
     if curve:
         env[KEYS] = zmq.curve_keypair()[1].decode()
 

@@ -73,7 +73,8 @@ def run(job: str, setting: str, args) -> float:
                              "give 1 and 2 only")
         curve = args.hosts == 3 and args.wire != "authenticate"
         return _rate("mlp", run_bare(replicas, args.mlp_steps, args.hosts, curve, args.timeout))
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
+    path = os.pathsep.join(filter(None, [os.path.join(REPO, "src"), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)  # keeps a site folder the caller gives (the device's pyzmq)
     if job == "mlp":
         env["OMP_NUM_THREADS"] = "1"
     flags, script = _command(job, setting, args)
