@@ -59,7 +59,7 @@ def test_dropping_a_ring_fed_mirror_stops_the_writer_and_unmaps_the_reader(monke
     from tests.ps.test_mirror_ring import _ring_fed, _steps
 
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     _steps(primary, link, 4)
     (reader,) = [r for _, r in mirror._rings]
     assert mirror.drop("ps:0")

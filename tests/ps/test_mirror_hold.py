@@ -10,9 +10,9 @@ import torch
 
 from towerflow.ps.messages import PushPull
 from towerflow.ps.replication_messages import REFRESH_BYTES, REFRESH_FACTOR, ReplicaFrame, SeedOp
+from towerflow.ps.server import fresh_seeds as _fresh_seeds
 from towerflow.ps.server import mirror as _mirror
 from towerflow.ps.server.mirror import Mirror
-from towerflow.ps.server import replication as _replication
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
@@ -31,7 +31,7 @@ def test_the_backup_holds_ops_unapplied_and_its_state_is_the_primarys_when_read(
     link = FakeLink()
     primary = _service(AsyncPolicy())
     replica, _ = _replicated(primary, link)
-    replica._refresh_after = 0  # no fresh seeds: everything since the first one stays queued
+    replica.fresh.after = 0  # no fresh seeds: everything since the first one stays queued
     _step_all(primary, link, 6)
     mirror = link.mirrors["ps:1"]
     assert mirror.metrics()["queued"] == 7 and mirror.service is None  # the seed and six pushes, none applied
@@ -43,18 +43,18 @@ def test_the_backup_holds_ops_unapplied_and_its_state_is_the_primarys_when_read(
 
 
 def test_a_small_primary_seeds_its_backup_anew_so_that_it_never_applies_a_push(monkeypatch):
-    monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)  # by its state's size alone: a few steps here
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_BYTES", 0)  # by its state's size alone: a few steps here
     link = FakeLink()
     primary = _service(SyncPolicy(2, 2), 2)
     replica, _ = _replicated(primary, link)
     state_bytes = _snapshot.take(primary).nbytes()
     push_bytes = sum(f.numel() * f.element_size() for f in primary.flats)
-    assert replica._refresh_after == REFRESH_FACTOR * state_bytes
-    steps = replica._refresh_after // push_bytes // 2 + 3  # past one refresh's worth, two workers a step
+    assert replica.fresh.after == REFRESH_FACTOR * state_bytes
+    steps = replica.fresh.after // push_bytes // 2 + 3  # past one refresh's worth, two workers a step
     _step_all(primary, link, steps, workers=2)
     mirror = link.mirrors["ps:1"]
     assert replica.refreshes == 1 and replica.seeds == 1
-    assert replica._refresh_after == REFRESH_FACTOR * _snapshot.take(primary).nbytes()  # Adam's state counts now
+    assert replica.fresh.after == REFRESH_FACTOR * _snapshot.take(primary).nbytes()  # Adam's state counts now
     queued = list(mirror._queue)
     assert isinstance(queued[0][1], SeedOp) and len(queued) < 8  # the pushes before the new seed were dropped
     assert mirror.service is None  # no op was ever applied there
@@ -65,7 +65,7 @@ def test_a_tiny_state_is_not_seeded_anew_more_often_than_every_refresh_bytes_of_
     link = FakeLink()
     primary = _service(AsyncPolicy())
     replica, _ = _replicated(primary, link)
-    assert REFRESH_FACTOR * _snapshot.take(primary).nbytes() < REFRESH_BYTES == replica._refresh_after
+    assert REFRESH_FACTOR * _snapshot.take(primary).nbytes() < REFRESH_BYTES == replica.fresh.after
 
 
 def test_a_queue_past_its_bound_is_applied_by_the_thread_that_fills_it(monkeypatch):
@@ -73,7 +73,7 @@ def test_a_queue_past_its_bound_is_applied_by_the_thread_that_fills_it(monkeypat
     link = FakeLink()
     primary = _service(AsyncPolicy())
     replica, _ = _replicated(primary, link)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     _step_all(primary, link, 8)
     mirror = link.mirrors["ps:1"]
     assert mirror.service is not None and mirror.metrics()["queued"] < 4  # applied when the bound was passed
@@ -86,7 +86,7 @@ def test_a_large_state_is_never_sent_again_and_its_backup_applies_as_before():
     link = FakeLink()
     primary = _service(AsyncPolicy(), values=big)
     replica, _ = _replicated(primary, link)
-    assert replica._refresh_after == 0
+    assert replica.fresh.after == 0
 
 
 def _frames(primary, link, steps):
@@ -111,7 +111,7 @@ def test_a_fresh_seed_arriving_after_later_ops_keeps_them_and_one_older_than_an_
     mirror = Mirror("model", 0)
     mirror.receive(ReplicaFrame("model", 0, "ps:0", 1, SeedOp(_snapshot.take(primary)))).wait()  # as the link's
     replica, _ = _replicated(primary, link)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     push1, seed1, push2, seed2, push3, seed3 = _frames(primary, link, 3)
     for frame in (push1, push2, seed1, push3):  # seed 1 comes after push 2: push 2 and 3 stay held after it
         mirror.receive(frame).wait()

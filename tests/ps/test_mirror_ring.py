@@ -10,8 +10,8 @@ import torch
 
 from towerflow.cluster import shm_ring
 from towerflow.ps.messages import PushPull, Ticket
+from towerflow.ps.server import fresh_seeds as _fresh_seeds
 from towerflow.ps.server import mirror_link as _mirror_link
-from towerflow.ps.server import replication as _replication
 from towerflow.ps.server.policies import AsyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
 
@@ -72,7 +72,7 @@ def _steps(primary, link, steps, first=0):
 
 def test_pushes_in_the_ring_are_held_at_once_and_read_only_with_the_state(monkeypatch):
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     _steps(primary, link, 12)
     (sender,) = senders
     assert sender.ring_ops == 11 and sender.link.calls == 0  # every push after the first: no slot, no pipe
@@ -86,7 +86,7 @@ def test_a_workers_reply_never_waits_for_another_workers_next_push(monkeypatch):
     the backup once written, so it counts at once: were the newest one counted only at that thread's next push,
     the backup's acks, which count in order, would hold worker 0's reply until worker 1 pushed again."""
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, workers=2)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     threads = [concurrent.futures.ThreadPoolExecutor(1) for _ in range(2)]  # one thread per worker, as its link's
     ticket = primary.pull(0).wait().ticket
 
@@ -110,8 +110,8 @@ def test_a_workers_reply_never_waits_for_another_workers_next_push(monkeypatch):
 def test_no_reply_waits_for_a_fresh_seed_and_a_primary_lost_before_it_arrives_loses_nothing(monkeypatch):
     """A fresh seed is the state after ops the backup holds already: it takes no number of its own, so the replies
     after it wait for nothing while it travels, and a primary lost before it arrives leaves a mirror with every op."""
-    monkeypatch.setattr(_replication, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
-    monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_BYTES", 0)
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
     _steps(primary, link, 2)  # this thread's ring is open
     link.flush()
@@ -129,7 +129,7 @@ def test_no_reply_waits_for_a_fresh_seed_and_a_primary_lost_before_it_arrives_lo
 
 def test_a_full_ring_sends_the_op_by_its_slot_and_the_mirror_takes_the_ring_first(monkeypatch):
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=4)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     _steps(primary, link, 12)
     (sender,) = senders
     assert sender.link.calls == 2 and sender.ring_ops == 9  # 4, slot (the ring emptied), 4, slot, 1
@@ -141,9 +141,9 @@ def test_a_tiny_parts_ring_never_fills_its_backup_is_seeded_anew_first(monkeypat
     """A part whose pushes are a few bytes would take many of them to reach the bytes of a fresh seed; its backup takes
     the ring's records only at a seed, so it is seeded anew after half as many ops as a ring holds, and no push has to
     wake it through a slot."""
-    monkeypatch.setattr(_replication, "REFRESH_OPS", 4)
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_OPS", 4)
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=8)
-    assert replica._refresh_after == _replication.REFRESH_BYTES  # far more than 30 pushes' bytes
+    assert replica.fresh.after == _fresh_seeds.REFRESH_BYTES  # far more than 30 pushes' bytes
     for start in range(0, 30, 3):
         _steps(primary, link, 3, first=start)
         link.flush()  # the fresh seeds reach the backup
@@ -157,7 +157,7 @@ def test_one_workers_ring_never_fills_its_backup_is_seeded_anew_at_half(monkeypa
     what a refreshed mirror holds): the backup is seeded anew once the ring is half full, before any push has to go
     through a slot and make the backup copy out every record."""
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=8)
-    assert replica._refresh_after == _replication.REFRESH_BYTES and _replication.REFRESH_OPS > 30
+    assert replica.fresh.after == _fresh_seeds.REFRESH_BYTES and _fresh_seeds.REFRESH_OPS > 30
     for start in range(0, 30, 3):
         _steps(primary, link, 3, first=start)
         link.flush()
@@ -178,8 +178,8 @@ def test_a_half_full_ring_is_seeded_anew_once_not_again_while_the_seed_travels(m
 
 
 def test_a_fresh_seed_makes_the_rings_records_moot(monkeypatch):
-    monkeypatch.setattr(_replication, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
-    monkeypatch.setattr(_replication, "REFRESH_BYTES", 0)
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_BYTES", 0)
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
     _steps(primary, link, 6)
     assert replica.refreshes >= 5
@@ -189,7 +189,7 @@ def test_a_fresh_seed_makes_the_rings_records_moot(monkeypatch):
 
 def test_a_promoted_mirror_takes_what_was_written_before_and_stops_the_writer(monkeypatch):
     primary, replica, link, mirror, senders, said = _ring_fed(monkeypatch)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     _steps(primary, link, 5)
     service = mirror.promote("ps:0")
     assert service is not None and service.coordinator.global_step == primary.coordinator.global_step
@@ -201,7 +201,7 @@ def test_a_promoted_mirror_takes_what_was_written_before_and_stops_the_writer(mo
 
 def test_a_writer_gone_leaves_its_records_with_the_mirror(monkeypatch):
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
-    replica._refresh_after = 0
+    replica.fresh.after = 0
     _steps(primary, link, 6)
     (ring,) = [r for _, r in mirror._rings]
     mirror.drop_ring(ring)  # its link ended: the primary's process is gone

@@ -15,9 +15,8 @@ acks are cumulative); the ack of the push itself comes back while the worker com
 has one push more in flight when it sends the next (it reads a step's reply after sending the step after), so
 for such workers (`own_push`) the reply waits for the push it answers, while they compute anyway. Replies that
 nobody could send again (a finish, a load, a read that admitted hash ids) wait for every op sent so
-far. A primary whose whole state is small (no tables) seeds its mirror anew after `REFRESH_FACTOR`
-times its state's bytes of ops (at least `REFRESH_BYTES`, at most `REFRESH_OPS` ops, or once a thread's same-host
-ring is half full), so that the backup holds the ops in between without applying them (`mirror.py`).
+far. A primary whose whole state is small seeds its mirror anew now and then (`fresh_seeds.py`), so that the
+backup holds the ops in between without applying them (`mirror.py`).
 
 Asynchronous replication (`max_lag` > 0, async training only) lets a worker's reply run up to `max_lag`
 ops ahead of the backup's acks instead: a step never waits for the backup unless it falls that far
@@ -45,8 +44,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
-from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, REFRESH_OPS, DropOp,
-                                               PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes)
+from towerflow.ps.replication_messages import DropOp, PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes
+from towerflow.ps.server.fresh_seeds import FreshSeeds
 from towerflow.ps.server.own_connections import OwnConnections
 from towerflow.ps.server.replies import Released, complete as _complete
 
@@ -113,9 +112,7 @@ class Replicator:
         self._reconnect = reconnect or (lambda to: None)
         self._marked = False  # said "unreplicated", not yet taken back
         self._seed_seq = 0  # the number of the current backup's seed
-        self._refresh_after = 0  # bytes of ops after which the backup is seeded anew (0: never; module docstring)
-        self._since_seed = 0  # bytes of ops forwarded since the last seed
-        self._ops_since_seed = 0  # and how many
+        self.fresh = FreshSeeds()  # when the backup is seeded anew
         self.refreshes = 0
         self.retired = False  # the part is served here no more (`retire`)
 
@@ -125,10 +122,10 @@ class Replicator:
         if self.backup is None:
             return
         self.seq += 1
-        self._ops_since_seed += 1
-        if isinstance(op, PushOp):
+        pushed = isinstance(op, PushOp)
+        if pushed:
             self._pushes[op.worker] = (self._pushes.get(op.worker, (0, 0))[1], self.seq)
-            self._since_seed += op_nbytes(op)
+        self.fresh.forwarded(op_nbytes(op) if pushed else 0)
         frame = ReplicaFrame(self.model, self.task, self.sender, self.seq, op)
         send = self._own.to(self.backup) if self._own is not None else None
         if not send:
@@ -326,14 +323,11 @@ class Replicator:
         threading.Thread(target=run, name=f"towerflow-reseed-{self.model}", daemon=True).start()
 
     def _refresh_due(self) -> bool:
-        """Whether a small state's backup is to be seeded anew: enough bytes of ops since its seed, enough ops that a
-        same-host ring of small records could fill before the backup takes them (it takes them at the seed), or this
-        thread's ring half full (one worker's link fills its ring alone; a full ring sends the backup an op that
-        makes it copy out every record)."""
-        if not self._refresh_after:
-            return False
-        if self._since_seed >= self._refresh_after or self._ops_since_seed >= REFRESH_OPS:
-            return True
+        """Whether the backup is to be seeded anew now (`fresh_seeds.py`)."""
+        return self.fresh.due(self._ring_half_full)
+
+    def _ring_half_full(self) -> bool:
+        """Whether this thread's same-host ring to the backup is half full of records written since its last seed."""
         channel = self._own.current(self.backup) if self._own is not None and self.backup is not None else None
         half_full = getattr(channel, "ring_half_full", None)
         return half_full is not None and half_full(self.seeds + self.refreshes)
@@ -345,10 +339,7 @@ class Replicator:
             if self.retired or refresh and (self.backup != to or not self._refresh_due()):
                 return  # given back, lost meanwhile, or another thread refreshed it
             snapshot = self._snapshot()
-            size = snapshot.nbytes()
-            small = size and REFRESH_FACTOR * size <= MIRROR_HOLD_BYTES // 2
-            self._refresh_after = max(REFRESH_FACTOR * size, REFRESH_BYTES) if small else 0
-            self._since_seed = self._ops_since_seed = 0
+            self.fresh.seeded(snapshot.nbytes())
             with self._lock:
                 if refresh:  # the state after op `seq`, which the backup holds already: numbered as that op
                     self.refreshes += 1
