@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from towerflow.data import FileStream, Handover
-from towerflow.data.file_formats import write_ctr
+from towerflow.data.ctr_files import write_ctr
 from towerflow.data.file_regroup import Plan, Resume, Span, StepPositions, plan_for
 from towerflow.errors import DataError
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from towerflow.data import synthetic_ctr
-from towerflow.data.file_formats import write_ctr
+from towerflow.data.ctr_files import write_ctr
 from towerflow.data.file_stream import FileStream
 from towerflow.errors import DataError
 
@@ -100,20 +100,29 @@ def test_criteo_text_is_read_as_criteo_users_read_it(tmp_path):
     assert cats[1].tolist() == [1] * 26
 
 
-def test_a_line_with_missing_columns_is_named_or_skipped_when_asked(tmp_path):
+def test_stripped_trailing_fields_are_missing_values_and_an_overlong_line_is_named(tmp_path):
     good = "1" + "\t1" * 13 + "\t" + "\t".join(["0a"] * 26) + "\n"
-    (tmp_path / "day_0").write_text(good + "0\t1\t2\n" + good)
-    with pytest.raises(DataError, match=r"day_0, line 2: 3 columns, expected 40"):
+    (tmp_path / "day_0").write_text(good + "0\t5\t2\n" + good)  # a copy's line with its trailing fields stripped
+    dense, cats, labels = next(iter(FileStream(str(tmp_path), "criteo", 3, [7] * 26)))
+    assert labels.tolist() == [1.0, 0.0, 1.0]
+    assert dense[1, :3].tolist() == pytest.approx([math.log(6), math.log(3), 0.0])  # the missing ones as 0
+    assert cats[1].tolist() == [0] * 26  # missing categoricals: row 0
+    (tmp_path / "day_0").write_text(good + good.replace("\n", "\t0a\n") + good)
+    with pytest.raises(DataError, match=r"day_0, line 2: 41 fields, expected 40"):
         list(itertools.islice(iter(FileStream(str(tmp_path), "criteo", 2, [7] * 26)), 2))
     s = FileStream(str(tmp_path), "criteo", 2, [7] * 26, on_bad_record="skip")
     dense, cats, labels = next(iter(s))
     assert len(labels) == 2 and s.bad_records == 1
 
 
-def test_a_categorical_that_is_not_hex_is_named(tmp_path):
-    (tmp_path / "day_0").write_text("1" + "\t1" * 13 + "\t" + "\t".join(["0a"] * 25 + ["xyz"]) + "\n")
-    with pytest.raises(DataError, match=r"column C26, record 0: 'xyz' is not a hex number"):
+def test_a_categorical_that_is_not_hex_is_named_by_file_line_and_column(tmp_path):
+    good = "1" + "\t1" * 13 + "\t" + "\t".join(["0a"] * 26) + "\n"
+    (tmp_path / "day_0").write_text(good + "1" + "\t1" * 13 + "\t" + "\t".join(["0a"] * 25 + ["xyz"]) + "\n")
+    with pytest.raises(DataError, match=r"day_0, line 2, column 'C26': 'xyz' is not a hex number"):
         next(iter(FileStream(str(tmp_path), "criteo", 1, [7] * 26)))
+    s = FileStream(str(tmp_path), "criteo", 2, [7] * 26, on_bad_record="skip")
+    dense, cats, labels = next(iter(s))
+    assert len(labels) == 1 and s.bad_records == 1
 
 
 def test_an_empty_glob_and_too_few_files_are_named(tmp_path, files):

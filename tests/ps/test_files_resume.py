@@ -22,7 +22,7 @@ REGROUP_TASK = str(HERE.parent / "ps" / "_regroup_task.py")
 
 def _write_files(folder: Path) -> None:
     """4 Parquet files of 256 records in row groups of 64, each record's id in C1."""
-    from towerflow.data.file_formats import write_ctr
+    from towerflow.data.ctr_files import write_ctr
 
     g = torch.Generator().manual_seed(0)
     for f in range(4):

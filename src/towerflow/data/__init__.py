@@ -3,7 +3,7 @@ and click logs streamed from files."""
 
 from towerflow.data.batch_facts import BatchFacts, batch_facts
 from towerflow.data.ctr import SyntheticCTR, auc, synthetic_ctr
-from towerflow.data.file_formats import write_ctr_files
+from towerflow.data.ctr_files import write_ctr_files
 from towerflow.data.file_regroup import Handover
 from towerflow.data.file_stream import FileStream, read_all
 from towerflow.data.loader import DistributedLoader

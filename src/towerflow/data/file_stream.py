@@ -17,34 +17,42 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 
 import torch
 
-from towerflow.data import file_formats, file_regroup, file_units
+from towerflow.data import file_formats, file_regroup, file_units, schema_infer
+from towerflow.data.features import FeatureNames, Features
+from towerflow.data.file_formats import Layout
 from towerflow.data.file_regroup import Handover, Plan, Resume
+from towerflow.data.schema import Schema
 from towerflow.errors import DataError
 
-Batch = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-_DONE = object()
+Batch = Union[Features, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 class FileStream:
-    """This worker's (dense, cats, labels) batches from Criteo-shaped files; `state_dict()` is its position.
+    """This worker's batches from files; `state_dict()` is its position.
 
+    With a `schema` the batches are `Features`, keyed by feature name; without one the files are read in
+    Criteo's layout with `rows_per_table` and the batches are (dense, cats, labels) tuples.
     `earlier`: the restores onto other worker counts that this job went through (oldest first); the
     stream then first reads the old workers' remainders that fall to this worker (`file_regroup.py`)."""
 
-    def __init__(self, paths: Union[str, Sequence[str]], format: Optional[str], batch_size: int, rows_per_table: Sequence[int],
-                 worker: int = 0, num_workers: int = 1, shuffle_window: int = 0, seed: int = 0,
-                 on_bad_record: str = "error", read_ahead: int = 4,
-                 resume: Optional[Callable[[], Union[int, Resume]]] = None, earlier: Sequence[Handover] = ()):
+    def __init__(self, paths: Union[str, Sequence[str]], format: Optional[str] = None, batch_size: int = 1024,
+                 rows_per_table: Optional[Sequence[int]] = None, worker: int = 0, num_workers: int = 1,
+                 shuffle_window: int = 0, seed: int = 0, on_bad_record: str = "error", read_ahead: int = 4,
+                 resume: Optional[Callable[[], Union[int, Resume]]] = None, earlier: Sequence[Handover] = (),
+                 schema: Optional[Schema] = None):
         if batch_size < 1:
             raise DataError(f"batch_size={batch_size!r}: expected a positive number of records per batch")
         if on_bad_record not in ("error", "skip"):
             raise DataError(f"on_bad_record={on_bad_record!r}: expected 'error' or 'skip'")
-        if len(rows_per_table) != file_formats.NUM_CATS:
-            raise DataError(f"rows_per_table has {len(rows_per_table)} entries: expected {file_formats.NUM_CATS}, "
-                            "one per categorical column")
         self.files = file_units.list_files(paths)
         self.format = format or file_units.infer_format(self.files)
-        self.batch_size, self.rows_per_table = batch_size, list(rows_per_table)
+        self.batch_size = batch_size
+        self.layout = file_formats.layout_for(self.files, self.format, schema, rows_per_table)
+        self.layout = Layout(self.layout.format, schema_infer.fit(
+            self.layout.schema, lambda s: Layout(self.layout.format, s), self.files))
+        self.schema = self.layout.schema
+        self.names = FeatureNames.of(self.schema)
+        self.as_tuples = schema is None  # Criteo's layout from rows_per_table: the tuples it always handed out
         self._all_units = file_units.units_of(self.files, self.format)
         self.units = file_units.assign(self._all_units, worker, num_workers)
         self.worker, self.num_workers = worker, num_workers
@@ -94,7 +102,7 @@ class FileStream:
         """The records of the epoch being read, where the files say it without reading (not text)."""
         w, n = self._deal()
         units = self._all_units[w::n]
-        return sum(u.records for u in units) if all(u.records >= 0 for u in units) else None
+        return sum(u.records for u in units) if all(self._exact(u) for u in units) else None
 
     def seek_batches(self, done: int) -> None:
         """Go to the position after `done` batches from the start of the plan: where a worker that trained that
@@ -123,12 +131,22 @@ class FileStream:
 
     def _records_of(self, index: int) -> int:
         unit = self._all_units[index]
-        if unit.records >= 0:
+        if self._exact(unit):
             return unit.records
         if index not in self._unit_records:
-            self._unit_records[index] = sum(b.num_rows for b, _ in file_formats.read_part(
-                unit.path, unit.part, self.format, 0, self.on_bad_record))
+            self._unit_records[index] = sum(len(features) for features, _ in self._read(unit, 0))
         return self._unit_records[index]
+
+    def _exact(self, unit: file_units.Unit) -> bool:
+        """Whether a unit's size says how many records it gives: known without reading (not text), and no bad
+        record can be skipped from it."""
+        return unit.records >= 0 and self.on_bad_record == "error"
+
+    def _read(self, unit: file_units.Unit, skip: int) -> Iterator[Tuple[Features, int]]:
+        """(Features, bad records skipped) of a unit from record `skip` on."""
+        for chunk in file_formats.read_part(unit.path, unit.part, self.layout, skip, self.on_bad_record):
+            features, bad = file_formats.to_features(chunk, self.layout, self.names, self.on_bad_record)
+            yield features, bad + chunk.bad
 
     def _deal(self, span: Optional[int] = None) -> Tuple[int, int]:
         """(worker, num_workers) of the deal that span `span` (the current one by default) reads."""
@@ -157,7 +175,7 @@ class FileStream:
                 batch, span, epoch, taken, bad = item
                 self.span, self.epoch, self.taken = span, epoch, taken
                 self.bad_records += bad
-                yield batch
+                yield batch.as_tuple() if self.as_tuples else batch
         finally:
             stop.set()
             while reader.is_alive():  # unblock a reader waiting for room
@@ -197,20 +215,20 @@ class FileStream:
     def _epoch_batches(self, units: Sequence[file_units.Unit], worker: int, epoch: int,
                        taken: int) -> Iterator[Tuple[Batch, int, int]]:
         """Epoch `epoch` of `worker`'s deal `units`, from record `taken` on, shuffled as that worker shuffles it."""
-        pending: List[Batch] = []
+        pending: List[Features] = []
         have, bad_total = 0, 0
         start_window = taken // self.window
         skip = taken - start_window * self.window
         for index, (window, bad) in enumerate(self._windows(units, start_window * self.window), start=start_window):
             bad_total += bad
             if self.shuffle:
-                order = torch.randperm(len(window[2]), generator=torch.Generator().manual_seed(
+                order = torch.randperm(len(window), generator=torch.Generator().manual_seed(
                     hash((self.seed, epoch, index, worker)) & 0x7FFFFFFF))
-                window = tuple(t[order] for t in window)
+                window = window.take(order)
             if skip:
-                window, skip = tuple(t[skip:] for t in window), 0
+                window, skip = window.slice(skip, len(window)), 0
             pending.append(window)
-            have += len(window[2])
+            have += len(window)
             while have >= self.batch_size:
                 batch, pending, have = _cut(pending, self.batch_size)
                 taken += self.batch_size
@@ -222,23 +240,24 @@ class FileStream:
 
     def _windows(self, units: Sequence[file_units.Unit], first: int) -> Iterator[Tuple[Batch, int]]:
         """Windows of `self.window` records from this epoch's record `first` on (with the bad records skipped)."""
-        chunks: List[Batch] = []
+        chunks: List[Features] = []
         have, bad_total, to_skip = 0, 0, first
         for unit in units:
-            if 0 <= unit.records <= to_skip:  # a whole unit before the position: not even opened
+            exact = self._exact(unit)
+            if exact and unit.records <= to_skip:  # a whole unit before the position: not even opened
                 to_skip -= unit.records
                 continue
-            inside = to_skip if unit.records >= 0 else 0  # a row group is sliced; a text file is read and dropped
+            inside = to_skip if exact else 0  # a row group is sliced; a text file is read and dropped
             to_skip -= inside
-            for record_batch, bad in file_formats.read_part(unit.path, unit.part, self.format, inside, self.on_bad_record):
+            for features, bad in self._read(unit, inside):
                 bad_total += bad
                 if to_skip:
-                    dropped = min(to_skip, record_batch.num_rows)
-                    record_batch, to_skip = record_batch.slice(dropped), to_skip - dropped
-                if record_batch.num_rows == 0:
+                    dropped = min(to_skip, len(features))
+                    features, to_skip = features.slice(dropped, len(features)), to_skip - dropped
+                if len(features) == 0:
                     continue
-                chunks.append(file_formats.to_tensors(record_batch, self.rows_per_table, unit.path))
-                have += record_batch.num_rows
+                chunks.append(features)
+                have += len(features)
                 while have >= self.window:
                     window, chunks, have = _cut(chunks, self.window)
                     yield window, bad_total
@@ -248,21 +267,23 @@ class FileStream:
             yield window, bad_total
 
 
-def read_all(paths: Union[str, Sequence[str]], format: Optional[str], rows_per_table: Sequence[int]) -> Batch:
-    """Every record of the files, in order, as one (dense, cats, labels): a held-out set."""
-    files = file_units.list_files(paths)
-    fmt = format or file_units.infer_format(files)
-    chunks = [file_formats.to_tensors(batch, rows_per_table, unit.path)
-              for unit in file_units.units_of(files, fmt)
-              for batch, _ in file_formats.read_part(unit.path, unit.part, fmt)
-              if batch.num_rows]
-    return _cut(chunks, sum(len(c[2]) for c in chunks))[0]
+def read_all(paths: Union[str, Sequence[str]], format: Optional[str] = None,
+             rows_per_table: Optional[Sequence[int]] = None, schema: Optional[Schema] = None) -> Batch:
+    """Every record of the files, in order, as one batch: a held-out set (`Features` with a schema, Criteo's
+    (dense, cats, labels) with `rows_per_table`)."""
+    if schema is not None and not schema.fitted:
+        raise DataError("read_all with standardized columns whose mean and std are not fitted: pass the training "
+                        "stream's schema (stream.schema), fitted on the training files, so both read alike")
+    stream = FileStream(paths, format, 1, rows_per_table, schema=schema)
+    chunks = [features for unit in stream._all_units for features, _ in stream._read(unit, 0) if len(features)]
+    if not chunks:
+        raise DataError(f"no records in {paths!r}")
+    whole = Features.cat(chunks)
+    return whole.as_tuple() if stream.as_tuples else whole
 
 
-def _cut(chunks: List[Batch], n: int) -> Tuple[Batch, List[Batch], int]:
+def _cut(chunks: List[Features], n: int) -> Tuple[Features, List[Features], int]:
     """The first `n` records of `chunks` as one batch, the rest, and how many remain."""
-    joined = tuple(torch.cat([c[i] for c in chunks]) if len(chunks) > 1 else chunks[0][i] for i in range(3))
-    head = tuple(t[:n] for t in joined)
-    rest = tuple(t[n:] for t in joined)
-    left = len(rest[2])
-    return head, ([rest] if left else []), left
+    joined = Features.cat(chunks)
+    left = len(joined) - n
+    return joined.slice(0, n), ([joined.slice(n, len(joined))] if left else []), left

@@ -1,7 +1,7 @@
 """Which parts of which files each worker reads: the unit of sharding, assigned deterministically.
 
 A unit is what one reader call returns: a Parquet row group, an Arrow IPC record batch, or a whole
-text file (Criteo TSV). The units of every file, in sorted path order, are dealt round-robin over
+text file (CSV, TSV, Criteo's lines; gzip'd or not). The units of every file, in sorted path order, are dealt round-robin over
 the workers, so every worker computes the same plan from the same file list, a file split into
 row groups serves more workers than there are files, and each record belongs to exactly one worker
 per epoch. Text files have one unit each: a job with fewer text files than workers is refused.
@@ -16,7 +16,7 @@ from typing import List, Sequence, Tuple, Union
 
 from towerflow.errors import DataError
 
-FORMATS = ("parquet", "arrow", "criteo")
+FORMATS = ("parquet", "arrow", "text", "criteo")  # criteo: text in Criteo's layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +49,10 @@ def list_files(paths: Union[str, Sequence[str]]) -> List[str]:
 
 
 def infer_format(files: Sequence[str]) -> str:
-    """parquet, arrow or criteo from the files' extensions (.parquet; .arrow / .ipc / .feather; anything else is
-    Criteo text); files of several kinds are refused."""
+    """parquet, arrow or text from the files' extensions (.parquet; .arrow / .ipc / .feather; anything else is
+    text); files of several kinds are refused."""
     kinds = {"parquet" if f.endswith(".parquet") else "arrow" if f.endswith((".arrow", ".ipc", ".feather"))
-             else "criteo" for f in files}
+             else "text" for f in files}
     if len(kinds) > 1:
         raise DataError(f"the files mix formats ({', '.join(sorted(kinds))}): keep one format per folder, or pass "
                         "format= explicitly")
@@ -63,7 +63,7 @@ def units_of(files: Sequence[str], fmt: str) -> List[Unit]:
     """Every unit of `files`, in file order then part order."""
     if fmt not in FORMATS:
         raise DataError(f"format={fmt!r}: expected one of {', '.join(FORMATS)}")
-    if fmt == "criteo":
+    if fmt in ("text", "criteo"):
         return [Unit(f, 0, -1) for f in files]
     from towerflow.data import file_formats
 

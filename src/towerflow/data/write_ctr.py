@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from towerflow.data.ctr import synthetic_ctr
-from towerflow.data.file_formats import write_ctr_files
+from towerflow.data.ctr_files import write_ctr_files
 from towerflow.errors import TowerflowError
 
 

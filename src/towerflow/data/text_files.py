@@ -1,0 +1,148 @@
+"""Delimited text files (CSV, TSV, Criteo's lines, gzip'd or not) read as pandas reads them, through pyarrow.
+
+pyarrow's CSV reader does the parsing, block by block; every column is read as text and converted by
+the schema (`columns.py`), so a value that does not parse is named with its line. Two things pandas
+does and pyarrow's reader refuses are done here around it:
+* a line with fewer fields than the file's columns (Criteo copies often strip trailing empty fields)
+  has its missing fields read as missing: the reader hands such lines to a handler, which keeps them;
+  they are padded with delimiters, parsed again by pyarrow, and put back in their place in the block;
+* blank lines are skipped.
+A line with more fields than the columns is a bad record: an error naming the file and line, or skipped
+and counted with `on_bad_record="skip"`. Every record carries its line number.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from towerflow.errors import DataError
+
+TEXT_BLOCK = 1 << 20  # bytes of text per parsed block: bounds a text reader's memory
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def open_text(path: str):
+    """The file's bytes, decompressed when it is gzip'd (by its first bytes, whatever its name)."""
+    import pyarrow as pa
+
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    return pa.input_stream(path, compression="gzip" if magic == _GZIP_MAGIC else None)
+
+
+def header_names(path: str, delimiter: str) -> List[str]:
+    """The column names of a text file's header line."""
+    import pyarrow as pa
+    import pyarrow.csv  # noqa: F401
+
+    try:
+        reader = pa.csv.open_csv(open_text(path), read_options=pa.csv.ReadOptions(block_size=1 << 16, use_threads=False),
+                                 parse_options=pa.csv.ParseOptions(delimiter=delimiter,
+                                                                   invalid_row_handler=lambda row: "skip"))
+    except pa.ArrowInvalid as e:
+        raise DataError(f"{path}: cannot read a header line ({str(e).splitlines()[0]})") from None
+    return list(reader.schema.names)
+
+
+def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, include: Sequence[str], skip: int = 0,
+              on_bad_record: str = "error") -> Iterator[Tuple[object, int, np.ndarray]]:
+    """(record batch of the `include` columns as strings, bad lines skipped before it, each record's line) from
+    record `skip` on. `names` are every field of a line, in order."""
+    import pyarrow as pa
+    import pyarrow.csv  # noqa: F401
+
+    expected = len(names)
+    handled: List[Tuple[int, str, int]] = []  # (line, text, fields) of the lines the reader did not take
+
+    def handler(row) -> str:  # keep it; an exception raised here would not reach the caller
+        handled.append((row.number, row.text, row.actual_columns))
+        return "skip"
+
+    parse = pa.csv.ParseOptions(delimiter=delimiter, invalid_row_handler=handler, ignore_empty_lines=False)
+    convert = pa.csv.ConvertOptions(column_types={n: pa.string() for n in include}, include_columns=list(include),
+                                    strings_can_be_null=True)
+    read = pa.csv.ReadOptions(column_names=list(names), skip_rows=1 if header else 0, block_size=TEXT_BLOCK,
+                              use_threads=False)
+    line = 2 if header else 1  # the line of the block's first record
+    reader = None
+    try:
+        reader = pa.csv.open_csv(open_text(path), read_options=read, parse_options=parse, convert_options=convert)
+        for batch in reader:
+            lines_here = batch.num_rows + len(handled)
+            batch, lines, bad = _mend(batch, handled, line, path, expected, parse, convert, names, on_bad_record)
+            handled.clear()
+            line += lines_here
+            batch, lines = _drop_blank(batch, lines)
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            yield batch.slice(skip), bad, lines[skip:]
+            skip = 0
+    except pa.ArrowInvalid as e:
+        raise DataError(f"{path}: {str(e).splitlines()[0]} (expected {expected} fields separated by "
+                        f"{delimiter!r})") from None
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _mend(batch, handled, first_line: int, path: str, expected: int, parse, convert, names, on_bad_record):
+    """The block's records with its short lines back in place (missing fields as missing); its too-long lines
+    refused or counted. Returns (batch, each record's line, bad lines)."""
+    import pyarrow as pa
+
+    good = np.ones(batch.num_rows + len(handled), dtype=bool)
+    short: List[Tuple[int, str]] = []
+    bad = 0
+    for number, text, fields in handled:
+        good[number - first_line] = False
+        if fields > expected:
+            if on_bad_record != "skip":
+                raise DataError(f"{path}, line {number}: {fields} fields, expected {expected} "
+                                f"({', '.join(names[:4])}{', ...' if expected > 4 else ''}): {text[:120]!r}; pass "
+                                "on_bad_record='skip' to count and skip such lines")
+            bad += 1
+        else:
+            short.append((number, text))
+    lines = np.flatnonzero(good) + first_line
+    if not short:
+        return batch, lines, bad
+    sep = parse.delimiter
+    padded = "\n".join(text + sep * (expected - 1 - text.count(sep)) for _, text in short).encode()
+    mended = pa.csv.read_csv(io.BytesIO(padded), read_options=pa.csv.ReadOptions(column_names=list(names),
+                                                                                  use_threads=False),
+                             parse_options=pa.csv.ParseOptions(delimiter=sep), convert_options=convert)
+    table = pa.concat_tables([pa.Table.from_batches([batch], batch.schema), mended.cast(batch.schema)])
+    all_lines = np.concatenate([lines, np.array([n for n, _ in short], dtype=np.int64)])
+    order = np.argsort(all_lines, kind="stable")
+    merged = table.take(pa.array(order)).combine_chunks().to_batches()
+    return (merged[0] if merged else batch.slice(0, 0)), all_lines[order], bad
+
+
+def _drop_blank(batch, lines: np.ndarray):
+    """Without the blank lines (read as records whose every column is missing), as pandas skips them."""
+    import pyarrow.compute as pc
+
+    if batch.num_columns == 0 or batch.num_rows == 0:
+        return batch, lines
+    blank = None
+    for col in batch.columns:
+        missing = pc.is_null(col)
+        blank = missing if blank is None else pc.and_(blank, missing)
+    blank = blank.to_numpy(zero_copy_only=False)
+    if not blank.any():
+        return batch, lines
+    keep = np.flatnonzero(~blank)
+    import pyarrow as pa
+
+    return batch.take(pa.array(keep)), lines[keep]
+
+
+def count_fields(path: str, delimiter: str) -> Optional[int]:
+    """The fields of the file's first line (None for an empty file)."""
+    with open_text(path) as f:
+        first = f.readline()
+    return None if not first else first.decode("utf-8", "replace").rstrip("\r\n").count(delimiter) + 1
