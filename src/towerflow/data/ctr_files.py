@@ -76,3 +76,53 @@ def write_ctr_files(data, directory: str, format: str, files: int = 8, records_p
         paths.append(write_ctr(train, chunks, format, row_group))
     write_ctr(test, [data.test_set()], format, row_group)
     return paths, test
+
+
+def write_named_ctr_files(data, directory: str, files: int = 8, records_per_file: int = 16384,
+                          row_group: int = 4096, lists: int = 1, seed: int = 1) -> Tuple[List[str], str]:
+    """The synthetic click log as a warehouse export would hold it: Parquet with columns of their own names.
+
+    `clk` the label; `f0`.. the dense features (floats); `userid` the first table's ids as text (`u123`);
+    `adgroup_id` the second's as integers; `cat2`.. the middle tables' integers; and `lists` list columns
+    `hist0`.. each holding the ids of two more tables in one list (a record's second id is left out for a
+    third of the records, so the lists vary in length). Needs `data` with at least 2 + 2 * lists tables.
+    DIRECTORY/train gets the files, DIRECTORY/test the held-out set. Returns (training files, test folder).
+    """
+    if data.num_tables < 2 + 2 * lists:
+        raise DataError(f"{data.num_tables} tables for {lists} list columns: expected at least {2 + 2 * lists}")
+    train, test = os.path.join(directory, "train"), os.path.join(directory, "test")
+    stream = data.batches(min(records_per_file, 8192), seed=seed)
+    paths = []
+    for _ in range(files):
+        chunks, have = [], 0
+        while have < records_per_file:
+            chunk = tuple(t[: records_per_file - have] for t in next(stream))
+            chunks.append(chunk)
+            have += len(chunk[2])
+        paths.append(_write_named(train, [torch.cat([c[i] for c in chunks]) for i in range(3)], lists, row_group))
+    _write_named(test, list(data.test_set()), lists, row_group)
+    return paths, test
+
+
+def _write_named(directory: str, batch, lists: int, row_group: int) -> str:
+    pa = pyarrow()
+    dense, cats, labels = (t.numpy() for t in batch)
+    n, tables = cats.shape
+    middle = tables - 2 * lists
+    columns = {"clk": pa.array(labels.astype(np.int8))}
+    columns.update({f"f{j}": pa.array(dense[:, j]) for j in range(dense.shape[1])})
+    columns["userid"] = pa.array(np.char.add("u", cats[:, 0].astype(str)))
+    columns["adgroup_id"] = pa.array(cats[:, 1])
+    columns.update({f"cat{t}": pa.array(cats[:, t]) for t in range(2, middle)})
+    for k in range(lists):
+        a, b = cats[:, middle + 2 * k], cats[:, middle + 2 * k + 1]
+        counts = np.where(np.arange(n) % 3 == 0, 1, 2)
+        values = np.stack([a, b], 1).reshape(-1)[np.stack([np.ones(n, bool), counts == 2], 1).reshape(-1)]
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        columns[f"hist{k}"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    os.makedirs(directory, exist_ok=True)
+    count = len([f for f in os.listdir(directory) if not f.startswith(".")])
+    path = os.path.join(directory, f"part-{count:05d}.parquet")
+    pa.parquet.write_table(pa.table(columns), path + ".tmp", row_group_size=row_group)
+    os.replace(path + ".tmp", path)
+    return path

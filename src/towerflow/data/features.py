@@ -117,7 +117,3 @@ def _starts(counts: torch.Tensor) -> torch.Tensor:
         torch.cumsum(counts[:-1], 0, out=out[1:])
     return out
 
-
-def bag_dict(batch: Features) -> Dict[str, Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]]:
-    """{feature: ids or (ids, offsets)} of every categorical and list column."""
-    return dict(batch.categorical())

@@ -228,12 +228,13 @@ class Strategy:
             weigh=self._batch_weight,
         )
 
-    def distribute_files(self, paths, format: str, batch_size: int, rows_per_table, shuffle_window: int = 0,
-                         seed: int = 0, on_bad_record: str = "error"):
+    def distribute_files(self, paths, format: Optional[str] = None, batch_size: int = 1024, rows_per_table=None,
+                         shuffle_window: int = 0, seed: int = 0, on_bad_record: str = "error", schema=None):
         """This worker's batches of click-log files (`towerflow.data.FileStream`): the files' row groups (or
         text files) dealt round-robin over the workers, shuffled in windows of `shuffle_window` records, read
         ahead by a thread; `batch_size` records per step per process (towers in one process share its files).
-        Formats: parquet, arrow, criteo. A worker that starts where training already stands (restarted, or the
+        Formats: parquet, arrow, text (CSV, TSV, gzip'd), criteo. With a `schema` (`towerflow.data.Schema`) the
+        batches are `Features` keyed by feature name; without one, Criteo's (dense, cats, labels). A worker that starts where training already stands (restarted, or the
         job restored from a checkpoint, also onto another number of workers) starts its files there too:
         `_files_resume()`, asked when the first batch is drawn."""
         from towerflow.data.file_stream import FileStream
@@ -241,7 +242,7 @@ class Strategy:
         self.file_stream = FileStream(paths, format, batch_size, rows_per_table,
                                       worker=self.replica_id // self.towers_per_process, num_workers=self._num_shards,
                                       shuffle_window=shuffle_window, seed=seed, on_bad_record=on_bad_record,
-                                      resume=self._files_resume)
+                                      resume=self._files_resume, schema=schema)
         return self.file_stream
 
     def data_position(self) -> dict:
