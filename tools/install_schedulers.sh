@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Install the real schedulers the test suite runs against (tests/schedulers/): Slurm (slurm-wlm),
-# munge (Slurm's authentication) and Open MPI (openmpi-bin); and etcd (etcd-server), the store a
-# cluster spanning hosts may keep its rendezvous in (tests/multihost/test_etcd_store.py).
-# Idempotent: installs only what is missing, within a bounded time, and prints what it did. Needs
-# root and apt-get (Debian/Ubuntu).
+# Install the Debian packages the test suite runs against: the real schedulers (tests/schedulers/):
+# Slurm (slurm-wlm), munge (Slurm's authentication) and Open MPI (openmpi-bin); etcd (etcd-server),
+# the store a cluster spanning hosts may keep its rendezvous in (tests/cluster/_etcd.py); and Redis
+# (redis-server). `make test` runs it before pytest; the tests only check that the commands are
+# there, and skip naming this script when they are not.
+# Idempotent: installs only what is missing, within a bounded time, and prints what it did; with
+# nothing missing it returns at once. Installing needs root and apt-get (Debian/Ubuntu).
 #
 #   tools/install_schedulers.sh [TIMEOUT_SECONDS]   (default 180)
 #
@@ -13,8 +15,9 @@ limit="${1:-180}"
 start=$(date +%s)
 
 # one command per package: the package is installed when its command is on PATH
-declare -A wants=([slurm-wlm]="slurmctld slurmd srun sinfo" [munge]="munged" [openmpi-bin]="mpirun" [etcd-server]="etcd")
-packages=(slurm-wlm munge openmpi-bin etcd-server)
+declare -A wants=([slurm-wlm]="slurmctld slurmd srun sinfo" [munge]="munged" [openmpi-bin]="mpirun" [etcd-server]="etcd"
+                  [redis-server]="redis-server")
+packages=(slurm-wlm munge openmpi-bin etcd-server redis-server)
 missing=()
 for pkg in "${packages[@]}"; do
     for cmd in ${wants[$pkg]}; do
@@ -53,7 +56,7 @@ if ! timeout "$t" apt-get install -y -qq -o Dpkg::Use-Pty=0 "${missing[@]}" >"$l
 fi
 rm -f "$log"
 # the packages start their services where a service manager runs; the tests start their own daemons
-for svc in slurmctld slurmd munge etcd; do
+for svc in slurmctld slurmd munge etcd redis-server; do
     command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null \
         && systemctl stop "$svc" && echo "install_schedulers: stopped the $svc service the package started"
 done

@@ -133,11 +133,12 @@ def test_ftrl_equals_tf_apply_ftrl(lr, l1, l2, init_acc, lr_power):
 
 def test_ftrl_float32_matches_the_float64_reference():
     spec = FTRL(lr=0.1, l1=0.01, l2=0.1)
-    v64 = torch.randn(ROWS, DIM, dtype=torch.float64) * 0.1
+    gen = torch.Generator().manual_seed(0)
+    v64 = torch.randn(ROWS, DIM, dtype=torch.float64, generator=gen) * 0.1
     v32 = v64.float()
     s64, s32 = spec.init_state(v64), spec.init_state(v32)
     for step, batch in enumerate(BATCHES, start=1):
-        rows, grads = coalesce(torch.tensor(batch), torch.randn(len(batch), DIM, dtype=torch.float64))
+        rows, grads = coalesce(torch.tensor(batch), torch.randn(len(batch), DIM, dtype=torch.float64, generator=gen))
         spec.apply(v64, s64, rows, grads, step)
         spec.apply(v32, s32, rows, grads.float(), step)
     torch.testing.assert_close(v32, v64.float(), rtol=1e-5, atol=1e-6)
@@ -147,14 +148,15 @@ def test_ftrl_l1_drives_small_weights_to_exactly_zero():
     rows = torch.arange(ROWS)
     grads = torch.full((ROWS, DIM), 0.01)
     grads[0] = 5.0  # row 0's gradient outweighs l1
-    values = torch.randn(ROWS, DIM)
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(ROWS, DIM, generator=gen)
     spec = FTRL(lr=0.1, l1=1.0)
     state = spec.init_state(values)
     for step in range(1, 4):
         spec.apply(values, state, rows, grads, step)
     assert (values[1:] == 0).all()
     assert (values[0] != 0).all()
-    unregularized = torch.randn(ROWS, DIM)
+    unregularized = torch.randn(ROWS, DIM, generator=gen)
     FTRL(lr=0.1).apply(unregularized, FTRL(lr=0.1).init_state(unregularized), rows, grads, 1)
     assert (unregularized != 0).all()
 

@@ -1,8 +1,9 @@
 """Real schedulers for the tests: one Slurm for the session (slurm.py), Open MPI, and two Slurm nodes on
 network-namespace hosts (tests/multihost/netns.py).
 
-Nothing fails because a scheduler is missing: when root and apt-get are there, tools/install_schedulers.sh
-installs Slurm, munge and Open MPI once per session (bounded); otherwise the tests skip, saying why.
+Nothing fails because a scheduler is missing, and nothing here installs one: tools/install_schedulers.sh
+does (Slurm, munge, Open MPI), run by `make test` before pytest; where they are missing the tests skip,
+naming it.
 The startup times are printed in the terminal summary ("schedulers: ...").
 """
 
@@ -25,21 +26,11 @@ import slurm as slurm_mod  # noqa: E402
 from _slots import kill_tree  # noqa: E402
 
 TIMINGS: Dict[str, float] = {}
-_installed: Dict[str, object] = {}
-
-
-def _why_not_installed() -> object:
-    """Install once per session (when root with apt-get); the reason the schedulers are not there, or None."""
-    if "why" not in _installed:
-        t0 = time.monotonic()
-        _installed["why"] = slurm_mod.ensure_installed()
-        TIMINGS["install (or check) schedulers"] = time.monotonic() - t0
-    return _installed["why"]
 
 
 @pytest.fixture(scope="session")
 def schedulers():
-    why = _why_not_installed()
+    why = slurm_mod.why_missing()
     if why:
         pytest.skip(f"real schedulers: {why}")
 
@@ -100,7 +91,7 @@ class MPIRun:
 @pytest.fixture(scope="session")
 def mpirun(schedulers, tmp_path_factory):
     if shutil.which("mpirun") is None:
-        pytest.skip("Open MPI's mpirun is not installed (tools/install_schedulers.sh)")
+        pytest.skip(f"Open MPI's mpirun is not installed (as root with apt-get: bash {slurm_mod.INSTALL})")
     return MPIRun(tmp_path_factory.mktemp("mpirun"))
 
 

@@ -168,7 +168,7 @@ def write(docs: Dict[str, Dict], outdir: Path) -> None:
 
 def main(outdir: Optional[Path] = None) -> None:
     outdir = outdir or RECORDED
-    why = slurm_mod.ensure_installed()
+    why = slurm_mod.why_missing()
     if why:
         sys.exit(why)
     import netns
