@@ -5,13 +5,16 @@
     towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --rows 1000000                     # async
     towerflow launch --ps 2 --workers 2 --mode sync --replicas-to-aggregate 1 examples/ctr_ps.py --rows 1000000
     towerflow launch --ps 2 --workers 2 --mode ssp --staleness 2 examples/ctr_ps.py --rows 1000000
-    towerflow launch --ps 1 --workers 2 examples/ctr_ps.py --data DIR --rows 100000   # from files
+    towerflow launch --ps 1 --workers 2 examples/ctr_ps.py --data DIR --rows 100000   # from Criteo's files
+    towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --data DIR --schema schema.json  # any columns
 
-With `--data DIR` the model trains from click-log files instead: DIR/train holds Criteo's TSV
-(label, 13 integers, 26 hex categoricals), Parquet or Arrow IPC files, each worker reading its share
-of them (`strategy.distribute_files`), and the AUC is measured on every record of DIR/test (Criteo's
-convention: the last day held out). `python -m towerflow.data.write_ctr DIR --format parquet` writes
-the synthetic data below as such files, its test set included.
+With `--data DIR` the model trains from files instead: DIR/train holds Parquet, Arrow IPC or text
+files (CSV, TSV, gzip'd or not), each worker reading its share of them (`strategy.distribute_files`),
+and the AUC is measured on every record of DIR/test (Criteo's convention: the last day held out).
+Their columns are Criteo's (label, 13 integers, 26 hex categoricals) unless `--schema FILE` declares
+them (or `--label NAME` infers them from the first file): the DLRM then has one table per table of the
+schema, looked up by its categorical and list columns. `python -m towerflow.data.write_ctr DIR
+--format parquet` writes the synthetic data below as such files, its test set included.
 
 The data (towerflow.data.synthetic_ctr) has 13 dense and 26 categorical features whose ids
 follow a power law; labels come from a planted model, so the chief can say how close the
@@ -32,6 +35,7 @@ steps (0.8037 at 100, 0.8140 at 200, 0.8165 at 300; best 0.8223).
 """
 
 import argparse
+import itertools
 import os
 import time
 
@@ -40,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import towerflow
-from towerflow.data import auc, read_all, synthetic_ctr
+from towerflow.data import Schema, auc, read_all, synthetic_ctr
 from towerflow.training import save_metrics
 
 
@@ -49,10 +53,14 @@ class DLRM(nn.Module):
 
     `bottom` and `top` are the hidden widths; the bottom MLP ends at `dim` (so its output can
     be dotted with the embeddings) and the top MLP at one logit. `table_device="meta"` builds
-    the tables without memory (for a worker whose tables live on the ps tasks).
+    the tables without memory (for a worker whose tables live on the ps tasks). Each categorical
+    feature looks up one table (`feature_tables`: its table's index; by default feature i reads
+    table i), and each list feature (`bag_tables`) pools its ids in one: features may share a table.
+    `DLRM.for_schema` builds it from a `towerflow.data.Schema`.
     """
 
-    def __init__(self, rows_per_table, num_dense=13, dim=16, bottom=(64,), top=(64,), table_device=None, sparse=True):
+    def __init__(self, rows_per_table, num_dense=13, dim=16, bottom=(64,), top=(64,), table_device=None, sparse=True,
+                 feature_tables=None, bag_tables=()):
         super().__init__()
         self.tables = nn.ModuleList(
             nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse, device=table_device) for rows in rows_per_table
@@ -61,16 +69,31 @@ class DLRM(nn.Module):
             bound = table.num_embeddings ** -0.5
             nn.init.uniform_(table.weight, -bound, bound)  # (a no-op on the meta device)
             table.init_std = bound / 3 ** 0.5  # the same spread where the ps draws the rows
+        self.feature_tables = list(range(len(rows_per_table)) if feature_tables is None else feature_tables)
+        self.bag_tables = list(bag_tables)
         self.bottom = _mlp([num_dense, *bottom, dim], last_relu=True)
-        vectors = len(self.tables) + 1
+        vectors = len(self.feature_tables) + len(self.bag_tables) + 1
         i, j = torch.triu_indices(vectors, vectors, offset=1)
         self.register_buffer("pairs", i * vectors + j, persistent=False)  # the upper triangle, as flat indices
         self.top = _mlp([dim + len(self.pairs), *top, 1], last_relu=False)
 
-    def forward(self, dense: torch.Tensor, cats: torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def for_schema(cls, schema, dim=16, **options):
+        """One table per table of the schema (its rows), looked up by its categorical and list columns."""
+        names = list(schema.tables)
+        missing = [n for n, rows in schema.tables.items() if rows is None]
+        if missing:
+            raise SystemExit(f"tables {missing} have no rows in the schema: give each categorical its rows")
+        return cls([schema.tables[n] for n in names], len(schema.dense), dim,
+                   feature_tables=[names.index(c.table_name) for c in schema.categoricals],
+                   bag_tables=[names.index(c.table_name) for c in schema.lists], **options)
+
+    def forward(self, dense: torch.Tensor, cats: torch.Tensor, bags=()) -> torch.Tensor:
+        """`cats` [B, features]: one id per categorical feature; `bags`: (ids, offsets) per list feature."""
         x = self.bottom(dense)
-        bags = [table(cats[:, i : i + 1]) for i, table in enumerate(self.tables)]  # a bag of one id per sample
-        z = torch.stack([x, *bags], 1)  # [B, tables + 1, dim]
+        vectors = [self.tables[t](cats[:, i : i + 1]) for i, t in enumerate(self.feature_tables)]  # bags of one id
+        vectors += [self.tables[t](ids, offsets) for t, (ids, offsets) in zip(self.bag_tables, bags)]
+        z = torch.stack([x, *vectors], 1)  # [B, features + 1, dim]
         dots = torch.bmm(z, z.transpose(1, 2)).flatten(1).index_select(1, self.pairs)  # each pair once
         return self.top(torch.cat([x, dots], 1)).squeeze(1)
 
@@ -78,6 +101,17 @@ class DLRM(nn.Module):
         """Everything but the tables: the parameters every step reads and updates in full."""
         tables = {id(p) for p in self.tables.parameters()}
         return [p for p in self.parameters() if id(p) not in tables]
+
+
+def model_inputs(batch):
+    """(dense, cats, bags) of a batch: a `Features` of a schema, or Criteo's (dense, cats, labels) tuple."""
+    if isinstance(batch, tuple):
+        return batch[0], batch[1], ()
+    return batch.dense, batch.ids, tuple(batch[name] for name in batch.names.lists)
+
+
+def labels_of(batch):
+    return batch[2] if isinstance(batch, tuple) else batch.labels
 
 
 def _mlp(widths, last_relu):
@@ -111,21 +145,41 @@ def make_optimizer(model: DLRM, name: str, lr: float, table_lr: float):
 DEFAULT_LR = {"adagrad": (0.05, 0.01), "adam": (0.005, 0.001), "sgd": (1.0, 3.0), "ftrl": (0.05, 0.05)}  # (dense, tables)
 
 
-def wire_minimum(cats: torch.Tensor, dim: int, dense_bytes: int) -> int:
+def wire_minimum(cats: torch.Tensor, dim: int, dense_bytes: int, model=None, bags=()) -> int:
     """Bytes a step must move at least: the rows its batch touches, pulled and pushed, and the dense parameters."""
-    per_table = torch.arange(cats.shape[1], dtype=torch.int64) << 32  # one id space: table in the high bits
-    rows = torch.unique(cats + per_table).numel()
+    feature_tables = model.feature_tables if model is not None else range(cats.shape[1])
+    per_table = torch.tensor(list(feature_tables), dtype=torch.int64) << 40  # one id space: table in the high bits
+    touched = [(cats + per_table).reshape(-1)]
+    if model is not None:
+        touched += [ids + (t << 40) for t, (ids, _) in zip(model.bag_tables, bags)]
+    rows = torch.unique(torch.cat(touched)).numel()
     return 2 * (rows * dim * 4 + dense_bytes)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, test_set, device, chunk: int = 8192) -> float:
-    """AUC of the model's scores on a held-out (dense, cats, labels)."""
+    """AUC of the model's scores on a held-out set: Criteo's (dense, cats, labels), or `Features`."""
     model.eval()
-    dense, cats, labels = test_set
-    scores = torch.cat([model(d.to(device), c.to(device)).cpu() for d, c in zip(dense.split(chunk), cats.split(chunk))])
+    n = len(labels_of(test_set))
+    scores = []
+    for start in range(0, n, chunk):
+        part = (tuple(t[start:start + chunk] for t in test_set) if isinstance(test_set, tuple)
+                else test_set.slice(start, min(n, start + chunk)))
+        dense, cats, bags = model_inputs(part)
+        bags = tuple((ids.to(device), offsets.to(device)) for ids, offsets in bags)
+        scores.append(model(dense.to(device), cats.to(device), bags).cpu())
     model.train()
-    return auc(scores, labels)
+    return auc(torch.cat(scores), labels_of(test_set))
+
+
+def in_memory(batches_of, records, batch_size: int, worker: int, num_workers: int, seed: int):
+    """This worker's share of `records` (every num_workers-th), reshuffled each epoch: training from memory."""
+    mine = records.take(torch.arange(worker, len(records), num_workers))
+    for epoch in itertools.count():
+        order = torch.randperm(len(mine), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        shuffled = mine.take(order)
+        for start in range(0, len(mine), batch_size):
+            yield batches_of(shuffled.slice(start, min(len(mine), start + batch_size)))
 
 
 def parse_args(argv=None):
@@ -144,8 +198,15 @@ def parse_args(argv=None):
     p.add_argument("--test-size", "--test_size", type=int, default=100_000, help="held-out samples for the AUC")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="train from the files of DIR/train (Criteo TSV, Parquet or Arrow) and test on DIR/test")
-    p.add_argument("--format", default=None, choices=["criteo", "parquet", "arrow"],
-                   help="the files' format (default: from their extension; anything but .parquet/.arrow is Criteo TSV)")
+    p.add_argument("--format", default=None, choices=["criteo", "text", "parquet", "arrow"],
+                   help="the files' format (default: from their extension; anything but .parquet/.arrow is text)")
+    p.add_argument("--schema", default=None, metavar="FILE",
+                   help="the files' columns (JSON or YAML: towerflow data inspect --write-schema makes one); the model "
+                        "is built from it. Without --schema or --label the files are read in Criteo's layout")
+    p.add_argument("--label", default=None, help="infer the schema from DIR/train's first file, with this label column "
+                                                 "(every categorical --rows rows)")
+    p.add_argument("--in-memory", "--in_memory", action="store_true",
+                   help="read DIR/train whole into memory first and train from there (to compare with streaming)")
     p.add_argument("--shuffle-window", "--shuffle_window", type=int, default=16384,
                    help="records shuffled together while reading files (0: in file order)")
     p.add_argument("--logdir", default=os.environ.get("TOWERFLOW_LOGDIR"), help="checkpoints, metrics.jsonl, results")
@@ -160,29 +221,45 @@ def main(argv=None):
     towerflow.set_seed(args.seed)
     torch.sparse.check_sparse_tensor_invariants.disable()  # opt out of per-step checks of the sparse gradients
     strategy = towerflow.strategy_from_env()
-    if args.data and args.tables != 26:
-        raise SystemExit(f"--tables {args.tables} with --data: Criteo-format files have 26 categorical columns")
+    if args.data and args.tables != 26 and not (args.schema or args.label):
+        raise SystemExit(f"--tables {args.tables} with --data: Criteo-format files have 26 categorical columns (give "
+                         "--schema FILE for other columns)")
+    if (args.schema or args.label or args.in_memory) and not args.data:
+        raise SystemExit("--schema, --label and --in-memory describe files: give --data DIR")
     data = None if args.data else synthetic_ctr(args.rows, args.tables, seed=args.seed, test_size=args.test_size)
+    train_dir = os.path.join(args.data, "train") if args.data else None
+    schema = (Schema.load(args.schema) if args.schema else
+              Schema.infer(train_dir, label=args.label, rows=args.rows) if args.label else None)
     rows_per_table = [args.rows] * args.tables
-    strategy.print(f"{strategy}; data {data or os.path.join(args.data, 'train')}")
+    strategy.print(f"{strategy}; data {data or train_dir}")
 
-    model = DLRM(rows_per_table, 13, args.dim, table_device=strategy.table_device)
+    if schema is not None:
+        model = DLRM.for_schema(schema, args.dim, table_device=strategy.table_device)
+    else:
+        model = DLRM(rows_per_table, 13, args.dim, table_device=strategy.table_device)
     dense_bytes = sum(p.numel() * p.element_size() for p in model.dense_parameters())
     lr, table_lr = DEFAULT_LR[args.optimizer]
     lr, table_lr = lr if args.lr is None else args.lr, table_lr if args.table_lr is None else args.table_lr
     optimizer, rows = make_optimizer(model, args.optimizer, lr, table_lr)
     model, optimizer = strategy.setup(model, optimizer, sparse_optimizer=rows)
     if args.data:
-        files = strategy.distribute_files(os.path.join(args.data, "train"), args.format, args.batch_size, rows_per_table,
-                                          shuffle_window=args.shuffle_window, seed=args.seed)
-        stream = iter(files)
+        files = strategy.distribute_files(train_dir, args.format, args.batch_size, None if schema else rows_per_table,
+                                          shuffle_window=args.shuffle_window, seed=args.seed, schema=schema)
+        schema = files.schema if schema is not None else None  # standardized columns: fitted on the training files
+        if args.in_memory:
+            whole = read_all(train_dir, args.format, None if schema else rows_per_table, schema=schema)
+            records = whole if schema is not None else _as_features(files, whole)
+            stream = in_memory(lambda b: b if schema is not None else b.as_tuple(), records, args.batch_size,
+                               strategy.replica_id, strategy.num_replicas_in_sync, args.seed)
+        else:
+            stream = iter(files)
     else:
         stream = data.batches(args.batch_size, worker=strategy.replica_id, num_workers=strategy.num_replicas_in_sync,
                               seed=args.seed)
 
-    def train_step(dense, cats, labels):
+    def train_step(dense, cats, bags, labels):
         optimizer.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(model(dense, cats), labels)
+        loss = F.binary_cross_entropy_with_logits(model(dense, cats, bags), labels)
         strategy.backward(loss)
         optimizer.step()
         return loss.item()
@@ -194,9 +271,12 @@ def main(argv=None):
         progress=False,
     ) as session:
         while not session.should_stop():
-            dense, cats, labels = (t.to(strategy.device) for t in next(stream))
-            minimum += wire_minimum(cats.cpu(), args.dim, dense_bytes)
-            losses.append(session.run(train_step, dense, cats, labels))
+            batch = next(stream)
+            dense, cats, bags = model_inputs(batch)
+            minimum += wire_minimum(cats, args.dim, dense_bytes, model, bags)
+            device = strategy.device
+            bags = tuple((ids.to(device), offsets.to(device)) for ids, offsets in bags)
+            losses.append(session.run(train_step, dense.to(device), cats.to(device), bags, labels_of(batch).to(device)))
             steps += 1
             if strategy.is_chief and steps % 100 == 0:
                 print(f"step {strategy.global_step}/{args.steps}  loss {sum(losses[-100:]) / 100:.4f}", flush=True)
@@ -209,17 +289,25 @@ def main(argv=None):
         return None
     if strategy.shared_variables:
         strategy.wait_for_workers()  # evaluate the final variables
-    test_set = read_all(os.path.join(args.data, "test"), args.format, rows_per_table) if args.data else data.test_set()
+    test_set = (read_all(os.path.join(args.data, "test"), args.format, None if schema else rows_per_table, schema=schema)
+                if args.data else data.test_set())
     test_auc = evaluate(model, test_set, strategy.device)
     best = data.best_auc if data is not None else None
     if args.logdir:
         save_metrics(args.logdir, {"test_auc": test_auc, "best_auc": best, "steps": steps,
                                    "global_step": strategy.global_step, "wire": wire})
-    held_out = f"best possible: {best:.4f}" if best is not None else f"{len(test_set[2])} held-out records"
+    held_out = f"best possible: {best:.4f}" if best is not None else f"{len(labels_of(test_set))} held-out records"
     print(f"test auc: {test_auc:.4f} ({held_out})", flush=True)
     print(wire, flush=True)
     strategy.shutdown()
     return test_auc, best
+
+
+def _as_features(stream, whole):
+    """Criteo's (dense, cats, labels) held whole, as `Features` to shuffle and cut like any batch."""
+    from towerflow.data import Features
+
+    return Features.from_tuple(stream.names, *whole)
 
 
 def _wire_line(strategy, steps: int, minimum: int) -> str:
