@@ -66,18 +66,45 @@ def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, inc
                                     strings_can_be_null=True)
     read = pa.csv.ReadOptions(column_names=list(names), skip_rows=1 if header else 0, block_size=TEXT_BLOCK,
                               use_threads=False)
-    line = 2 if header else 1  # the line of the block's first record
+    line = 2 if header else 1  # the line of the next block's first record
     reader = None
+
+    def block(batch, last: bool):
+        """The batch with the handled lines among its own (the reader parses ahead: some are the next block's)."""
+        nonlocal line
+        handled.sort()
+        numbers = np.array([h[0] for h in handled], dtype=np.int64)
+        end = line + batch.num_rows  # the line after the batch's last record: its records and the handled lines
+        while True:  # before it fill the lines from `line` on
+            nxt = line + batch.num_rows + int(np.searchsorted(numbers, end))
+            if nxt == end:
+                break
+            end = nxt
+        if batch.num_rows == 0:  # a block of short lines only: the run of them from `line` (all, at the end)
+            run = numbers - line - np.arange(len(numbers))
+            end = int(numbers[-1]) + 1 if last and len(numbers) else line + int(np.searchsorted(run, 1))
+        mine = int(np.searchsorted(numbers, end))
+        out = _mend(batch, handled[:mine], line, path, expected, names, delimiter, convert, on_bad_record)
+        del handled[:mine]
+        line = end
+        return out
+
     try:
         reader = pa.csv.open_csv(open_text(path), read_options=read, parse_options=parse, convert_options=convert)
-        for batch in reader:
-            lines_here = batch.num_rows + len(handled)
-            batch, lines, bad = _mend(batch, handled, line, path, expected, parse, convert, names, on_bad_record)
-            handled.clear()
-            line += lines_here
+        batches = iter(reader)
+        while True:
+            batch = next(batches, None)
+            last = batch is None
+            if last:
+                if not handled:
+                    break
+                batch = pa.RecordBatch.from_pylist([], schema=reader.schema)  # short lines after the last record
+            batch, lines, bad = block(batch, last)
             batch, lines = _drop_blank(batch, lines)
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
+                if bad:
+                    yield batch.slice(0, 0), bad, lines[:0]
                 continue
             yield batch.slice(skip), bad, lines[skip:]
             skip = 0
@@ -89,7 +116,7 @@ def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, inc
             reader.close()
 
 
-def _mend(batch, handled, first_line: int, path: str, expected: int, parse, convert, names, on_bad_record):
+def _mend(batch, handled, first_line: int, path: str, expected: int, names, sep: str, convert, on_bad_record):
     """The block's records with its short lines back in place (missing fields as missing); its too-long lines
     refused or counted. Returns (batch, each record's line, bad lines)."""
     import pyarrow as pa
@@ -110,7 +137,6 @@ def _mend(batch, handled, first_line: int, path: str, expected: int, parse, conv
     lines = np.flatnonzero(good) + first_line
     if not short:
         return batch, lines, bad
-    sep = parse.delimiter
     padded = "\n".join(text + sep * (expected - 1 - text.count(sep)) for _, text in short).encode()
     mended = pa.csv.read_csv(io.BytesIO(padded), read_options=pa.csv.ReadOptions(column_names=list(names),
                                                                                   use_threads=False),
