@@ -134,8 +134,8 @@ def _ids(col, column: Categorical, bad: _Bad) -> np.ndarray:
 
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
-    if column.kind == "string":
-        return stable_hash(col if _is_text(col.type) else pc.cast(col, pa.string()))
+    if column.kind == "string":  # a missing value is row 0, as for the other kinds
+        return np.where(_nulls(col), 0, stable_hash(col if _is_text(col.type) else pc.cast(col, pa.string())))
     if column.kind == "hex" and _is_text(col.type):  # (an integer column holds the numbers already)
         values, wrong = hex_ids(col)
         bad.mark(wrong, column.name, col, "a hex number")

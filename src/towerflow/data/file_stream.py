@@ -199,10 +199,16 @@ class FileStream:
             spans = self.plan.spans
             while not stop.is_set():
                 w, n = self._deal(span)
+                handed = 0
                 for batch, new_taken, bad in self._epoch_batches(self._all_units[w::n], w, epoch, taken):
                     if stop.is_set():
                         return
                     q.put((batch, span, epoch, new_taken, bad))
+                    handed += 1
+                if not handed and taken == 0 and span >= len(spans):
+                    raise DataError(f"worker {self.worker} of {self.num_workers} found no records in its "
+                                    f"{len(self.units)} units ({self.units[0].path} ...): every line or row was empty "
+                                    "or skipped as bad")
                 if span < len(spans):  # on to the next span, or to this worker's own deal
                     span += 1
                     epoch, taken = ((spans[span].epoch, spans[span].first * self.batch_size) if span < len(spans)

@@ -14,7 +14,7 @@ and counted with `on_bad_record="skip"`. Every record carries its line number.
 from __future__ import annotations
 
 import io
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Sequence, Tuple
 
 import numpy as np
 
@@ -166,9 +166,3 @@ def _drop_blank(batch, lines: np.ndarray):
 
     return batch.take(pa.array(keep)), lines[keep]
 
-
-def count_fields(path: str, delimiter: str) -> Optional[int]:
-    """The fields of the file's first line (None for an empty file)."""
-    with open_text(path) as f:
-        first = f.readline()
-    return None if not first else first.decode("utf-8", "replace").rstrip("\r\n").count(delimiter) + 1
