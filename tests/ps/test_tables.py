@@ -96,6 +96,37 @@ def test_the_two_pass_lookup_gives_plain_pytorchs_output_and_coalesced_gradients
     assert torch.allclose(patched.head.weight.grad, plain.head.weight.grad)
 
 
+class Shared(nn.Module):
+    """One table looked up twice in a forward: an item id and a bag of recently seen items (shared columns)."""
+
+    def __init__(self):
+        super().__init__()
+        self.items = nn.EmbeddingBag(40, 3, mode="sum", sparse=True)
+        self.head = nn.Linear(6, 1)
+
+    def forward(self, users, items, offsets):
+        item = self.items(users.view(-1, 1) % 40)
+        return self.head(torch.cat([item, self.items(items, offsets)], 1)).squeeze(1)
+
+
+def test_a_table_looked_up_by_two_features_gives_plain_pytorchs_output_and_gradients_every_forward():
+    torch.manual_seed(0)
+    plain, patched = Shared(), Shared()
+    patched.load_state_dict(plain.state_dict())
+    full = plain.items.weight.detach()
+    tables = find_tables(patched, None)
+    detach_rows(tables["items"])
+    lookups = TableLookups(patched, tables, lambda ids: {k: full[v].clone() for k, v in ids.items()})
+    for _ in range(2):  # the first forward counts the table's calls; the second stops its recording after both
+        plain.zero_grad()
+        out_plain, out_patched = plain(*_data()), patched(*_data())
+        assert torch.allclose(out_plain, out_patched)
+        out_plain.sum().backward()
+        out_patched.sum().backward()
+        ids, rows = lookups.take_row_grads()["items"]
+        assert torch.allclose(rows, plain.items.weight.grad.to_dense()[ids])
+
+
 def test_eval_forwards_keep_no_gradients_and_meta_tables_hold_no_rows():
     model = Tiny(device="meta")
     model.head = nn.Linear(6, 1)

@@ -5,8 +5,9 @@ After `strategy.setup`, every table module (`nn.Embedding` / `nn.EmbeddingBag` w
 on the ps tasks (`ps/tables/`). A call of the model then runs in two passes:
 
 1. **record**: the model's forward runs under `no_grad` in eval mode with each table answering
-   zeros and noting the ids it was asked for; it stops as soon as every table has been called
-   once (nothing past the last lookup is computed), or runs to the end when one is not;
+   zeros and noting the ids it was asked for; the first forward runs to the end and counts each
+   table's calls (a table may be looked up several times: shared by features), and later ones stop
+   as soon as every table has had that many (nothing past the last lookup is computed);
 2. **fetch**: the unique ids of every table go to the ps tasks in one call per task
    (`PSClient.read_rows`), and come back as one small weight per table (`unique ids x dim`), a
    leaf that collects the gradient;
@@ -86,6 +87,7 @@ class TableLookups:
         self._fetched: Dict[str, _Fetched] = {}
         self._next: Dict[str, int] = {}
         self._pending: Dict[str, _Fetched] = {}  # the last training forward's rows, until the optimizer pushes them
+        self._calls_per_forward: Optional[Dict[str, int]] = None  # each table's calls in a whole forward
         for name, module in tables.items():
             check_table_module(name, module)
             module.forward = functools.partial(self._table_forward, name, module)
@@ -122,6 +124,8 @@ class TableLookups:
             self.phase = None
             for m, mode in modes:
                 m.training = mode
+        if self._calls_per_forward is None:
+            self._calls_per_forward = {name: len(calls) for name, calls in self._calls.items()}
 
     def _fetch(self, calls: Dict[str, List[_Call]], training: bool) -> Dict[str, _Fetched]:
         unique, inverse = {}, {}
@@ -143,7 +147,8 @@ class TableLookups:
         call = _Call(input, offsets, per_sample_weights)
         if self.phase == "record":
             self._calls[name].append(call)
-            if all(self._calls.values()):
+            seen = self._calls_per_forward
+            if seen is not None and all(len(self._calls[n]) >= seen[n] for n in seen):
                 raise _EveryTableSeen()
             return self._zeros(module, call, self.device)
         if self.phase == "compute" and name in self._fetched:
