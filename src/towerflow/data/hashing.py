@@ -55,11 +55,12 @@ def hex_ids(col):
     offsets, data = _bytes_of(col)
     starts, lengths = offsets[:-1], np.diff(offsets)
     bad = lengths > MAX_HEX_DIGITS
+    wrong = _HEX[data[offsets[0]:offsets[-1]]] < 0
+    if wrong.any():  # the values holding a byte that is no hex digit
+        bad[np.repeat(np.arange(len(lengths)), lengths)[wrong]] = True
     out = np.zeros(len(lengths), dtype=np.int64)
-    for k in range(int(lengths.max()) if lengths.size else 0):
-        has = (lengths > k) & ~bad
-        digit = _HEX[data[starts[has] + k]]
-        bad[np.flatnonzero(has)[digit < 0]] = True
-        out[has] = out[has] * 16 + np.maximum(digit, 0)
+    for k in range(min(int(lengths.max()), MAX_HEX_DIGITS) if lengths.size else 0):  # one digit place at a time
+        has = lengths > k
+        out[has] = out[has] * 16 + _HEX[data[starts[has] + k]]
     out[bad] = 0
     return out, bad

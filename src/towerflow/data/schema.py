@@ -19,6 +19,7 @@ file (`Schema.load`); `Schema.criteo(rows)` is Criteo's layout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -167,7 +168,7 @@ class Schema:
         """The file columns the schema reads: the label, then the features."""
         return [self.label, *(c.name for c in self.columns)]
 
-    @property
+    @functools.cached_property
     def tables(self) -> Dict[str, Optional[int]]:
         """Each table's rows (None: raw ids, for a hash table), in the order its first column is declared."""
         out: Dict[str, Optional[int]] = {}
