@@ -70,10 +70,18 @@ def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, inc
     reader = None
     try:
         reader = pa.csv.open_csv(open_text(path), read_options=read, parse_options=parse, convert_options=convert)
-        for batch in reader:
-            lines_here = batch.num_rows + len(handled)
-            batch, lines, bad = _mend(batch, handled, line, path, expected, parse, convert, names, on_bad_record)
-            handled.clear()
+        for batch in _then_empty(reader):
+            # the reader parses a block ahead, so `handled` may hold the next block's lines too: this block's are
+            # those contiguous with its records (one at the boundary may go to either block: the lines agree)
+            mine = 0
+            while mine < len(handled) and handled[mine][0] <= line + batch.num_rows + mine:
+                mine += 1
+            if batch.num_rows == 0 and not mine:
+                continue
+            lines_here = batch.num_rows + mine
+            batch, lines, bad = _mend(batch, handled[:mine], line, path, expected, parse, convert, names,
+                                      on_bad_record)
+            del handled[:mine]
             line += lines_here
             batch, lines = _drop_blank(batch, lines)
             if skip >= batch.num_rows:
@@ -87,6 +95,14 @@ def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, inc
     finally:
         if reader is not None:
             reader.close()
+
+
+def _then_empty(reader):
+    """The reader's batches, then an empty one: the lines the handler took after the last block are mended too."""
+    import pyarrow as pa
+
+    yield from reader
+    yield pa.RecordBatch.from_pylist([], schema=reader.schema)
 
 
 def _mend(batch, handled, first_line: int, path: str, expected: int, parse, convert, names, on_bad_record):
