@@ -186,7 +186,7 @@ def _list(col, column: CategoricalList, bad: _Bad) -> Tuple[np.ndarray, np.ndarr
     if inner.first is not None:
         first_bad = flat[inner.first[0]].as_py()
         bad.mark(np.bincount(owner[inner.mask], minlength=len(counts)) > 0, column.name, lambda row: first_bad,
-                 f"a {column.kind} id (in a list)")
+                 f"{'an' if column.kind == 'int' else 'a'} {column.kind} id (in a list)")
     return values, counts, owner
 
 
