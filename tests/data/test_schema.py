@@ -112,3 +112,13 @@ def test_a_schema_file_that_is_not_json_is_named_by_line(tmp_path):
     (tmp_path / "s.json").write_text('{"label": "y",\n "dense": [x]}')
     with pytest.raises(DataError, match=r"s.json, line 2, column 12: not valid JSON"):
         Schema.load(str(tmp_path / "s.json"))
+
+
+def test_a_text_column_of_booleans_is_inferred_dense_and_read_as_one_and_zero(tmp_path):
+    (tmp_path / "t.csv").write_text("y,is_app,s\n1,true,a\n0,False,b\n1,,c\n")
+    schema = Schema.infer(str(tmp_path / "t.csv"), label="y", rows=10)
+    assert schema.columns[0] == Dense("is_app")
+    assert read_all(str(tmp_path / "t.csv"), schema=schema)["is_app"].tolist() == [1.0, 0.0, 0.0]
+    (tmp_path / "t.csv").write_text("y,is_app,s\n1,true,a\n0,maybe,b\n")
+    with pytest.raises(DataError, match=r"t.csv, line 3, column 'is_app': 'maybe' is not a number"):
+        read_all(str(tmp_path / "t.csv"), schema=schema)
