@@ -101,6 +101,8 @@ def _numbers(col, name: str, bad: _Bad, expected: str) -> np.ndarray:
         try:
             col = pc.cast(col, pa.float64())
         except pa.ArrowInvalid:
+            lowered = pc.utf8_lower(col)  # true / false, as inference reads a column of them: 1 / 0
+            col = pc.if_else(pc.equal(lowered, "true"), "1", pc.if_else(pc.equal(lowered, "false"), "0", col))
             ok = pc.match_substring_regex(col, _NUMBER.pattern, ignore_case=True)
             wrong = pc.invert(pc.fill_null(ok, True)).to_numpy(zero_copy_only=False)
             bad.mark(wrong, name, col, expected)
@@ -186,7 +188,7 @@ def _list(col, column: CategoricalList, bad: _Bad) -> Tuple[np.ndarray, np.ndarr
     if inner.first is not None:
         first_bad = flat[inner.first[0]].as_py()
         bad.mark(np.bincount(owner[inner.mask], minlength=len(counts)) > 0, column.name, lambda row: first_bad,
-                 f"a {column.kind} id (in a list)")
+                 f"{'an' if column.kind == 'int' else 'a'} {column.kind} id (in a list)")
     return values, counts, owner
 
 
