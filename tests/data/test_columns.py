@@ -132,3 +132,15 @@ def test_columns_naming_one_table_share_its_rows(tmp_path):
     with pytest.raises(DataError, match=r"table 'items' is given 50 rows and 60 rows"):
         Schema("y", (Categorical("item", 50, "string", table="items"),
                      CategoricalList("history", 60, "string", table="items")))
+
+
+def test_blank_fields_nulls_in_lists_and_spaces_around_listed_ids_read_as_pandas_would(tmp_path):
+    (tmp_path / "t.csv").write_text("y,d,l\n1,  ,a | b\n0,2,\n1,,c||\n")
+    schema = Schema("y", (Dense("d", fill=-1.0), CategoricalList("l", 100, "string")))
+    batch = read_all(str(tmp_path / "t.csv"), schema=schema)
+    assert batch["d"].tolist() == [-1.0, 2.0, -1.0]  # a blank field is missing: the fill
+    ids, offsets = batch["l"]
+    assert offsets.tolist() == [0, 2, 2] and ids.tolist() == _rows_of(["a", "b", "c"], 100)  # trimmed, no empty ids
+    path = _parquet(tmp_path, y=pa.array([1, 0]), m=pa.array([[1, None, 2], [None]], pa.list_(pa.int64())))
+    ids, offsets = read_all(path, schema=Schema("y", (CategoricalList("m", 100),)))["m"]
+    assert ids.tolist() == [1, 2] and offsets.tolist() == [0, 2]  # a null inside a list is no id, as in text

@@ -56,8 +56,8 @@ def to_features(batch, schema: Schema, names: FeatureNames, locate: Locate,
                         "names (towerflow data inspect PATH prints what it finds)")
     n = batch.num_rows
     bad = _Bad(n)
-    label = _numbers(batch.column(schema.label), schema.label, bad, "a number")
-    bad.mark(np.isnan(label) & _nulls(batch.column(schema.label)), schema.label, batch.column(schema.label), "a label")
+    label, missing = _numbers(batch.column(schema.label), schema.label, bad, "a number")
+    bad.mark(missing, schema.label, batch.column(schema.label), "a label")
     dense = np.empty((n, len(schema.dense)), dtype=np.float32)
     for j, column in enumerate(schema.dense):
         dense[:, j] = _dense(batch.column(column.name), column, bad)
@@ -89,8 +89,8 @@ def _nulls(col) -> np.ndarray:
     return pc.is_null(col).to_numpy(zero_copy_only=False)
 
 
-def _numbers(col, name: str, bad: _Bad, expected: str) -> np.ndarray:
-    """float64 values, NaN where missing; text that is not a number marks its record bad."""
+def _numbers(col, name: str, bad: _Bad, expected: str) -> Tuple[np.ndarray, np.ndarray]:
+    """(float64 values, where they are missing); text that is not a number marks its record bad."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -98,6 +98,7 @@ def _numbers(col, name: str, bad: _Bad, expected: str) -> np.ndarray:
         col = col.cast(col.type.value_type)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         col = pc.utf8_trim_whitespace(col)
+        col = pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)  # a blank field is a missing value
         try:
             col = pc.cast(col, pa.float64())
         except pa.ArrowInvalid:
@@ -113,12 +114,12 @@ def _numbers(col, name: str, bad: _Bad, expected: str) -> np.ndarray:
     else:
         raise DataError(f"column {name!r} holds {col.type}: expected numbers; declare it as a categorical if it holds "
                         "ids or text")
-    return col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    return col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False), _nulls(col)
 
 
 def _dense(col, column: Dense, bad: _Bad) -> np.ndarray:
-    values = _numbers(col, column.name, bad, "a number")
-    values = np.where(np.isnan(values) & _nulls(col), column.fill, values)
+    values, missing = _numbers(col, column.name, bad, "a number")
+    values = np.where(missing, column.fill, values)
     if column.transform == "log1p":
         return np.log1p(np.maximum(values, 0.0))
     if column.transform == "standardize":
@@ -176,12 +177,15 @@ def _list(col, column: CategoricalList, bad: _Bad) -> Tuple[np.ndarray, np.ndarr
     flat = pc.list_flatten(col)
     owner = np.repeat(np.arange(len(counts)), counts)
     if _is_text(flat.type):
-        keep = pc.and_(pc.is_valid(flat), pc.not_equal(pc.utf8_trim_whitespace(flat), "")).to_numpy(
-            zero_copy_only=False)
-        if not keep.all():  # 'a||b', a trailing delimiter: no empty ids
-            flat = flat.filter(pa.array(keep))
-            owner = owner[keep]
-            counts = np.bincount(owner, minlength=len(counts)).astype(np.int64)
+        flat = pc.utf8_trim_whitespace(flat)  # 'a | b': the ids 'a' and 'b', as a one-id column trims its value
+        keep = pc.and_(pc.is_valid(flat), pc.not_equal(flat, ""))
+    else:
+        keep = pc.is_valid(flat)
+    keep = keep.to_numpy(zero_copy_only=False)
+    if not keep.all():  # no ids for the nulls in a list, the empty pieces of 'a||b' or of a trailing delimiter
+        flat = flat.filter(pa.array(keep))
+        owner = owner[keep]
+        counts = np.bincount(owner, minlength=len(counts)).astype(np.int64)
     element = Categorical(column.name, column.rows, column.kind, column.table)
     inner = _Bad(len(flat))
     values = _ids(flat, element, inner)
