@@ -97,8 +97,11 @@ def _numbers(col, name: str, bad: _Bad, expected: str) -> Tuple[np.ndarray, np.n
     if pa.types.is_dictionary(col.type):
         col = col.cast(col.type.value_type)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        col = pc.utf8_trim_whitespace(col)
-        col = pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)  # a blank field is a missing value
+        try:
+            col = pc.cast(col, pa.float64())  # plain numbers, the common case: one pass
+        except pa.ArrowInvalid:
+            col = pc.utf8_trim_whitespace(col)
+            col = pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)  # a blank field is a missing value
         try:
             col = pc.cast(col, pa.float64())
         except pa.ArrowInvalid:

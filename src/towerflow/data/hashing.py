@@ -19,6 +19,7 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX[_c] = 10 + _i
+_HEX8 = _HEX.astype(np.int8)  # the same table in bytes: a look-up over every byte of a column stays small
 MAX_HEX_DIGITS = 15  # 60 bits: the value stays a non-negative int64
 
 
@@ -55,12 +56,18 @@ def hex_ids(col):
     offsets, data = _bytes_of(col)
     starts, lengths = offsets[:-1], np.diff(offsets)
     bad = lengths > MAX_HEX_DIGITS
-    wrong = _HEX[data[offsets[0]:offsets[-1]]] < 0
+    wrong = _HEX8[data[offsets[0]:offsets[-1]]] < 0
     if wrong.any():  # the values holding a byte that is no hex digit
         bad[np.repeat(np.arange(len(lengths)), lengths)[wrong]] = True
     out = np.zeros(len(lengths), dtype=np.int64)
-    for k in range(min(int(lengths.max()), MAX_HEX_DIGITS) if lengths.size else 0):  # one digit place at a time
-        has = lengths > k
-        out[has] = out[has] * 16 + _HEX[data[starts[has] + k]]
+    width = int(lengths.max()) if lengths.size else 0
+    has = lengths > 0
+    if 0 < width <= MAX_HEX_DIGITS and (lengths[has] == width).all():  # every value as wide (Criteo's 8 digits)
+        digits = _HEX8[data[starts[has, None] + np.arange(width)]].astype(np.int64)  # [values, width]
+        out[has] = np.maximum(digits, 0) @ (16 ** np.arange(width - 1, -1, -1, dtype=np.int64))
+    else:
+        for k in range(min(width, MAX_HEX_DIGITS)):  # one digit place at a time
+            has = lengths > k
+            out[has] = out[has] * 16 + np.maximum(_HEX8[data[starts[has] + k]], 0)
     out[bad] = 0
     return out, bad

@@ -14,7 +14,7 @@ and counted with `on_bad_record="skip"`. Every record carries its line number.
 from __future__ import annotations
 
 import io
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -50,7 +50,7 @@ def header_names(path: str, delimiter: str) -> List[str]:
 def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, include: Sequence[str], skip: int = 0,
               on_bad_record: str = "error") -> Iterator[Tuple[object, int, np.ndarray]]:
     """(record batch of the `include` columns as strings, bad lines skipped before it, each record's line) from
-    record `skip` on. `names` are every field of a line, in order."""
+    record `skip` on. `names` are every field of a line, in order; `include` the columns read, the label first."""
     import pyarrow as pa
     import pyarrow.csv  # noqa: F401
 
@@ -100,7 +100,7 @@ def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, inc
                     break
                 batch = pa.RecordBatch.from_pylist([], schema=reader.schema)  # short lines after the last record
             batch, lines, bad = block(batch, last)
-            batch, lines = _drop_blank(batch, lines)
+            batch, lines = _drop_blank(batch, lines, include[0] if include else None)
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 if bad:
@@ -148,21 +148,22 @@ def _mend(batch, handled, first_line: int, path: str, expected: int, names, sep:
     return (merged[0] if merged else batch.slice(0, 0)), all_lines[order], bad
 
 
-def _drop_blank(batch, lines: np.ndarray):
-    """Without the blank lines (read as records whose every column is missing), as pandas skips them."""
+def _drop_blank(batch, lines: np.ndarray, label: Optional[str]):
+    """Without the blank lines (read as records whose every column is missing), as pandas skips them. Only the
+    records missing their label are looked at: a blank line misses it too."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    if batch.num_columns == 0 or batch.num_rows == 0:
+    if label not in batch.schema.names or batch.num_rows == 0:
         return batch, lines
-    blank = None
-    for col in batch.columns:
-        missing = pc.is_null(col)
-        blank = missing if blank is None else pc.and_(blank, missing)
-    blank = blank.to_numpy(zero_copy_only=False)
+    candidates = np.flatnonzero(pc.is_null(batch.column(label)).to_numpy(zero_copy_only=False))
+    if not candidates.size:
+        return batch, lines
+    rows = batch.take(pa.array(candidates))
+    blank = np.ones(len(candidates), dtype=bool)
+    for col in rows.columns:
+        blank &= pc.is_null(col).to_numpy(zero_copy_only=False)
     if not blank.any():
         return batch, lines
-    keep = np.flatnonzero(~blank)
-    import pyarrow as pa
-
+    keep = np.setdiff1d(np.arange(batch.num_rows), candidates[blank])
     return batch.take(pa.array(keep)), lines[keep]
-
