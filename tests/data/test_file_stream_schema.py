@@ -70,3 +70,26 @@ def test_a_resumed_stream_gives_the_batches_of_an_uninterrupted_one(folder, stop
     for a, b in zip(whole[stop:], resumed):
         assert torch.equal(a.labels, b.labels) and torch.equal(a.dense, b.dense) and torch.equal(a.ids, b.ids)
         assert all(torch.equal(x, y) for bag_a, bag_b in zip(a.bags, b.bags) for x, y in zip(bag_a, bag_b))
+
+
+def test_a_job_restored_on_three_workers_reads_each_record_of_the_epoch_once_with_its_bag(folder):
+    """Two workers stopped mid-epoch (after 2 and 3 batches of 64), the job restored on three: the old workers'
+    remainders, then the new deal's first epoch, hold every record once per epoch, each with its own bag."""
+    from towerflow.data import Handover
+
+    read = []
+    for worker, trained in enumerate((2, 3)):
+        stream = FileStream(folder, batch_size=64, schema=SCHEMA, worker=worker, num_workers=2, shuffle_window=150,
+                            seed=5)
+        read += [(0, *r) for batch in itertools.islice(iter(stream), trained) for r in _records(batch)]
+    for worker in range(3):
+        stream = FileStream(folder, batch_size=64, schema=SCHEMA, worker=worker, num_workers=3, shuffle_window=150,
+                            seed=5, earlier=[Handover(2, (2, 3))])
+        for batch in stream:
+            if stream.span == len(stream.plan.spans) and stream.epoch > stream.plan.first_epoch:
+                break
+            read += [(stream.epoch, *r) for r in _records(batch)]
+    for epoch in (0, 1):
+        numbers = sorted(r for e, r, _, _ in read if e == epoch)
+        assert numbers == list(range(600)), f"epoch {epoch}: {len(numbers)} records, {len(set(numbers))} distinct"
+    assert all(bag == tuple((r + k) % 50 for k in range(r % 4)) for _, r, _, bag in read)
