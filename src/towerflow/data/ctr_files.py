@@ -63,19 +63,8 @@ def write_ctr_files(data, directory: str, format: str, files: int = 8, records_p
     Returns (training files, test folder)."""
     if format not in ("parquet", "arrow", "criteo"):
         raise DataError(f"format={format!r}: expected parquet, arrow or criteo")
-    train, test = os.path.join(directory, "train"), os.path.join(directory, "test")
-    stream = data.batches(min(records_per_file, 8192), seed=seed)
-    paths = []
-    for _ in range(files):
-        chunks, have = [], 0
-        while have < records_per_file:
-            chunk = next(stream)
-            chunk = tuple(t[: records_per_file - have] for t in chunk)
-            chunks.append(chunk)
-            have += len(chunk[2])
-        paths.append(write_ctr(train, chunks, format, row_group))
-    write_ctr(test, [data.test_set()], format, row_group)
-    return paths, test
+    return _write_split(data, directory, files, records_per_file, seed,
+                        lambda folder, batch: write_ctr(folder, [batch], format, row_group))
 
 
 def write_named_ctr_files(data, directory: str, files: int = 8, records_per_file: int = 16384,
@@ -90,6 +79,13 @@ def write_named_ctr_files(data, directory: str, files: int = 8, records_per_file
     """
     if data.num_tables < 2 + 2 * lists:
         raise DataError(f"{data.num_tables} tables for {lists} list columns: expected at least {2 + 2 * lists}")
+    return _write_split(data, directory, files, records_per_file, seed,
+                        lambda folder, batch: _write_named(folder, list(batch), lists, row_group))
+
+
+def _write_split(data, directory: str, files: int, records_per_file: int, seed: int, write):
+    """`files` files of `records_per_file` records of one stream in DIRECTORY/train, the held-out set in
+    DIRECTORY/test, each written by `write(folder, (dense, cats, labels))`; (training files, test folder)."""
     train, test = os.path.join(directory, "train"), os.path.join(directory, "test")
     stream = data.batches(min(records_per_file, 8192), seed=seed)
     paths = []
@@ -99,8 +95,8 @@ def write_named_ctr_files(data, directory: str, files: int = 8, records_per_file
             chunk = tuple(t[: records_per_file - have] for t in next(stream))
             chunks.append(chunk)
             have += len(chunk[2])
-        paths.append(_write_named(train, [torch.cat([c[i] for c in chunks]) for i in range(3)], lists, row_group))
-    _write_named(test, list(data.test_set()), lists, row_group)
+        paths.append(write(train, tuple(torch.cat([c[i] for c in chunks]) for i in range(3))))
+    write(test, data.test_set())
     return paths, test
 
 
