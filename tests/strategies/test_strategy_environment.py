@@ -73,3 +73,13 @@ def test_bad_devices_and_options_are_refused():
         towerflow.OneDeviceStrategy(mixed_precision="fp8")
     with pytest.raises(StrategyError, match="exactly one"):
         towerflow.OneDeviceStrategy().distribute_loader([1, 2], batch_size=1, global_batch_size=2)
+
+
+def test_a_cluster_whose_jobs_name_no_training_part_is_refused_not_trained_alone():
+    """Vertex AI's cluster spec names its pools workerpool0, workerpool1, ...: each task used to train alone."""
+    env = {"TF_CONFIG": json.dumps({"cluster": {"workerpool0": ["h0:2222"], "workerpool1": ["h1:2222", "h2:2222"]},
+                                    "task": {"type": "workerpool1", "index": 1}})}
+    with pytest.raises(StrategyError, match=r"/job:workerpool1/task:1 of a cluster with the jobs workerpool0 \(1 task\), "
+                                            r"workerpool1 \(2 tasks\).*workerpool0 is the chief"):
+        _choose(env)
+    assert _choose(env, "one_device") == "one_device"  # asked for by name: this task trains on its own

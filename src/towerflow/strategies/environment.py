@@ -15,6 +15,8 @@ from towerflow.strategies.replica_env import ReplicaEnv, read_env
 
 __all__ = ["ReplicaEnv", "choose_strategy", "read_env", "register_strategy", "strategy_from_env"]
 
+TRAINING_JOBS = ("chief", "worker", "ps", "evaluator")  # the jobs a strategy knows a task's part from
+
 
 def _registry() -> Dict[str, Callable]:
     from towerflow.strategies.mirrored import MirroredStrategy
@@ -41,6 +43,15 @@ def register_strategy(cls):
 
 def choose_strategy(env: ReplicaEnv, name: Optional[str], strategies) -> str:
     """The registry name of the strategy for `env` (`name`, when given, is checked and wins)."""
+    if name is None and env.cluster and env.task_type not in TRAINING_JOBS:
+        jobs = ", ".join(f"{job} ({len(tasks)} task{'s' * (len(tasks) != 1)})" for job, tasks in env.cluster.items())
+        raise StrategyError(
+            f"this task is /job:{env.task_type}/task:{env.task_index} of a cluster with the jobs {jobs}, and towerflow "
+            f"trains with the jobs {', '.join(TRAINING_JOBS)}: it cannot tell which of these tasks are workers or ps "
+            "tasks. Name the jobs so in TF_CONFIG (Vertex AI's workerpool0 is the chief, workerpool1 the workers, "
+            "workerpool2 the ps tasks), start the tasks with `towerflow launch`, or pass the strategy's name to "
+            "strategy_from_env() to train this task on its own"
+        )
     if name is None:
         if env.has_ps and "parameter_server" in strategies:
             return "parameter_server"
