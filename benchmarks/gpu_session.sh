@@ -41,6 +41,7 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${2:-${OUT:-$root/benchmarks/results/gpu-$(date +%F)}}  # a relative OUT_DIR is the caller's
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+export OUT  # benchmarks/_failures_now.py writes there too
 cd "$root"
 if [ -z "${PY:-}" ]; then
     if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
