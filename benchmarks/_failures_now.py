@@ -1,4 +1,4 @@
-"""A pytest plugin for the GPU session (`-p _failures_now`): each failure is written to $OUT/failures-PID.log
+"""A pytest plugin of benchmarks/gpu_session.sh (`-p _failures_now`): each failure is written to OUT/failures-PID.log
 the moment its report arrives, so a run cut short by its bound still says why every test it ran failed."""
 
 import os

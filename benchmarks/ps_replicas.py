@@ -74,7 +74,7 @@ def run(job: str, setting: str, args) -> float:
         curve = args.hosts == 3 and args.wire != "authenticate"
         return _rate("mlp", run_bare(replicas, args.mlp_steps, args.hosts, curve, args.timeout))
     path = os.pathsep.join(filter(None, [os.path.join(REPO, "src"), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path)  # keeps a site folder the caller gives (the device's pyzmq)
+    env = dict(os.environ, PYTHONPATH=path)  # keeps a site folder the caller gives
     if job == "mlp":
         env["OMP_NUM_THREADS"] = "1"
     flags, script = _command(job, setting, args)

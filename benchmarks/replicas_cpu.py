@@ -57,7 +57,7 @@ def _idle():
 
 def measure(replicas: int, args) -> dict:
     path = os.pathsep.join(filter(None, [os.path.join(REPO, "src"), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")  # keeps a site folder the caller gives (the device's)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")  # keeps a site folder the caller gives
     launch = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--ps-replicas", str(replicas),
               os.path.join(HERE, "_replicas_task.py"), str(args.steps), "256"]
     job = subprocess.Popen(launch, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

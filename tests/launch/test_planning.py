@@ -3,6 +3,8 @@ flags arriving as the same config."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from towerflow.cli import build_parser
@@ -45,3 +47,48 @@ def test_the_command_line_hands_planning_exactly_its_flags(launch_script):
                                       "--replicas-to-aggregate", "2", "--max-restarts", "1", launch_script, "--epochs", "3"])
     assert config_of(args) == LaunchConfig(script=launch_script, script_args=("--epochs", "3"), ps=2, workers=3, chief=True,
                                            max_restarts=1, mode="sync", replicas_to_aggregate=2)
+
+
+def _two_host_cluster(tmp_path, monkeypatch):
+    """A cluster file with this task on an address of 'this machine' (10.9.8.7) and the ps on another host."""
+    from towerflow.cluster import addresses
+
+    monkeypatch.setattr(addresses, "local_addresses", lambda: {"10.9.8.7": "eth0", "127.0.0.1": "lo"})
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"ps": ["10.9.8.6:2222"], "worker": ["10.9.8.7:2222"]}))
+    return str(path)
+
+
+@pytest.mark.parametrize("setting, said, not_said", [
+    (None, "towerflow launch: wire security: CURVE (encrypted", "PLAIN"),
+    ("encrypt", "towerflow launch: wire security: CURVE (encrypted", "PLAIN"),
+    ("authenticate", "towerflow launch: wire security: PLAIN (TOWERFLOW_WIRE_SECURITY=authenticate", "CURVE"),
+])
+def test_a_cluster_across_hosts_is_told_its_wire_security_once(launch_script, tmp_path, monkeypatch, capsys, setting,
+                                                              said, not_said):
+    monkeypatch.setenv("TOWERFLOW_CLUSTER_TOKEN", "t")
+    if setting is None:
+        monkeypatch.delenv("TOWERFLOW_WIRE_SECURITY", raising=False)
+    else:
+        monkeypatch.setenv("TOWERFLOW_WIRE_SECURITY", setting)
+    plan = plan_launch(LaunchConfig(script=launch_script, cluster_file=_two_host_cluster(tmp_path, monkeypatch),
+                                    job_name="worker", task_index=0))
+    plan.release()
+    err = capsys.readouterr().err
+    assert err.count("wire security:") == 1 and said in err and not_said not in err, err
+    assert "docs/cluster.md" in err and "warning" not in err, err
+    if setting != "authenticate":  # the cost, with the machine it was measured on
+        assert "half the steps/s" in err and "2 AMD EPYC cores" in err, err
+
+
+def test_a_cluster_on_one_machine_is_told_nothing_about_the_wire(launch_script, monkeypatch, capsys):
+    monkeypatch.delenv("TOWERFLOW_WIRE_SECURITY", raising=False)
+    plan_launch(LaunchConfig(script=launch_script, ps=1, workers=2)).release()
+    assert "wire security" not in capsys.readouterr().err
+
+
+def test_a_wire_security_the_tasks_would_refuse_stops_the_launch(launch_script, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOWERFLOW_WIRE_SECURITY", "curve")
+    with pytest.raises(TowerflowError, match="TOWERFLOW_WIRE_SECURITY='curve': expected one of encrypt, authenticate"):
+        plan_launch(LaunchConfig(script=launch_script, cluster_file=_two_host_cluster(tmp_path, monkeypatch),
+                                 job_name="worker", task_index=0))

@@ -86,6 +86,12 @@ def has_token() -> bool:
     return bool(os.environ.get(_te.ENV_CLUSTER_TOKEN) or os.environ.get(_te.ENV_CLUSTER_TOKEN_FILE))
 
 
+def wire_security() -> Optional[str]:
+    """The launching shell's TOWERFLOW_WIRE_SECURITY, which every task it starts inherits; None: the tasks' own
+    default (encrypt across hosts). TaskEnvironmentError for a value the tasks would refuse."""
+    return _te._choice(os.environ, _te.ENV_WIRE_SECURITY, _te.WIRE_SECURITY)
+
+
 def inherited_token() -> Optional[str]:
     """The launching shell's TOWERFLOW_CLUSTER_TOKEN: the embedded cluster uses it rather than a fresh one."""
     return os.environ.get(_te.ENV_CLUSTER_TOKEN) or None

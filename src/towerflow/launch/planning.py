@@ -19,7 +19,7 @@ from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
 from towerflow.errors import LaunchError, TowerflowError
 from towerflow.launch.config import LaunchConfig
-from towerflow.launch.environment import export_profile, export_ps_mode, has_token
+from towerflow.launch.environment import export_profile, export_ps_mode, has_token, wire_security
 from towerflow.launch.local import LaunchPlan, command_for, plan_local, plan_one
 from towerflow.launch.scheduled import plan_scheduled, resolve_slot
 from towerflow.launch.supervisor import Supervisor
@@ -41,7 +41,7 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
     if resolved is not None:
         plan = plan_scheduled(argv, resolved, logdir=logdir, ps_argv=ps_argv, master_port=config.master_port,
                               store=store)
-        _warn_without_token(plan.cluster)
+        _say_about_hosts(plan.cluster)
         return plan
     if config.evaluator:
         raise TowerflowError("--evaluator is a role among a scheduler's ranks (srun, mpirun, ...); the embedded "
@@ -53,7 +53,7 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
             raise TowerflowError("--cluster runs one task of a given cluster; drop --ps/--workers/--chief/--devices/--nproc")
         plan = plan_one(argv, config.cluster_file, config.job_name, config.task_index, logdir=logdir,
                         master_port=config.master_port, ps_argv=ps_argv, store=store)
-        _warn_without_token(plan.cluster)
+        _say_about_hosts(plan.cluster)
         return plan
     return plan_local(argv, ps=config.ps, workers=config.workers, chief=config.chief, devices=config.devices,
                       nproc=config.nproc, logdir=logdir, ps_argv=ps_argv, store=store)
@@ -139,9 +139,25 @@ def _scheduled_slot(config: LaunchConfig):
     return complete(resolved, task.join_timeout, task.scheduler_env)
 
 
-def _warn_without_token(cluster: ClusterSpec) -> None:
+# What each wire security is and costs, said once by a launcher whose cluster spans hosts. The figure: docs/benchmarks.md,
+# "The ps step across hosts (17M-parameter MLP)" (6.3 against 12.9 steps/s).
+WIRE_SECURITY_LINES = {
+    "encrypt": "wire security: CURVE (encrypted and authenticated, the default across hosts; a 17M-parameter ps step "
+               "makes about half the steps/s of TOWERFLOW_WIRE_SECURITY=authenticate on 3 network-namespace hosts "
+               "sharing 2 AMD EPYC cores: docs/cluster.md, \"The token\")",
+    "authenticate": "wire security: PLAIN (TOWERFLOW_WIRE_SECURITY=authenticate: authenticated by the cluster token, "
+                    "not encrypted; anyone on the network path can read the tensors: docs/cluster.md, \"The token\")",
+}
+
+
+def _say_about_hosts(cluster: ClusterSpec) -> None:
+    """For a cluster on several hosts: the wire security its tasks will use, and a warning when it has no token.
+    TaskEnvironmentError for a TOWERFLOW_WIRE_SECURITY the tasks would refuse."""
     hosts = {canonical_host(split_address(a, any_port=True)[0]) for a in cluster.addresses()}
-    if len(hosts) > 1 and not has_token():  # one host (srun -n 3 on one node) is not reachable by "other hosts" here
+    if len(hosts) < 2:  # one host (srun -n 3 on one node): its tasks authenticate, nothing to say
+        return
+    print(f"towerflow launch: {WIRE_SECURITY_LINES[wire_security() or 'encrypt']}", file=sys.stderr)
+    if not has_token():
         print(
             f"towerflow launch: warning: no cluster token ({taskenv.ENV_CLUSTER_TOKEN} or "
             f"{taskenv.ENV_CLUSTER_TOKEN_FILE}) for a cluster on other hosts; any process that reaches these ports can "

@@ -13,7 +13,7 @@ are at most 64 MB, so a tower thread's chunk over 32 MB (one layer's gradient: 5
 4096x3328 layer of the 17M-parameter MLP) is still mapped fresh there every step whatever the
 threshold (13,313 page faults a step in tower 1, none in tower 0, measured). In the main arena
 the threshold holds for every tower. The towers allocate a few large tensors per op, so they
-rarely meet on the arena's lock. Measured in docs/benchmarks.md, "Towers in one
+rarely meet on the arena's lock. Measured in benchmarks/results/lab-notes.md, "Towers in one
 process"; `TOWERFLOW_TOWERS_ALLOCATOR=system` leaves malloc as the system has it.
 """
 
