@@ -172,21 +172,21 @@ def one_process(steps: int, warmup: int) -> dict:
 def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
 
     me = _by_name()
     torch.manual_seed(0)
     model = mlp()
-    transport.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(),)).wait()
+    endpoint.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(),)).wait()
     loss_fn = nn.CrossEntropyLoss()
     data = batches(worker)
 
     def one():
         x, y = next(data)
-        vector_to_parameters(transport.call_async("ps:0", me._hand_pull).wait(), model.parameters())
+        vector_to_parameters(endpoint.call_async("ps:0", me._hand_pull).wait(), model.parameters())
         model.zero_grad()
         loss_fn(model(x), y).backward()
-        transport.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
+        endpoint.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
 
     for _ in range(warmup):
         one()
@@ -197,7 +197,7 @@ def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
 
 
 def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch: bool) -> dict:
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
     try:
         from towerflow.ps.worker import channel
     except ImportError:  # --before-src, as above
@@ -235,13 +235,13 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
         step_s += time.perf_counter() - t1
 
     if worker == 0:
-        transport.call_async("ps:0", me._ps_instrument).wait()
+        endpoint.call_async("ps:0", me._ps_instrument).wait()
     for _ in range(warmup):
         one()
     compute = step_s = pack["s"] = 0.0
     wait0 = strategy.client._pull_wait_s
-    ps0 = transport.call_async("ps:0", me._ps_timers_now).wait() if worker == 0 else None
-    ps_u0 = transport.call_async("ps:0", me._ps_usage).wait() if worker == 0 else None
+    ps0 = endpoint.call_async("ps:0", me._ps_timers_now).wait() if worker == 0 else None
+    ps_u0 = endpoint.call_async("ps:0", me._ps_usage).wait() if worker == 0 else None
     u0 = _usage()
     t0 = time.time()
     for _ in range(steps):
@@ -250,8 +250,8 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
     out = {"steps": steps, "start": t0, "end": end, "linked": any(ch.link is not None for ch in strategy.client.channels)}
     if worker == 0:
         u1 = _usage()
-        ps1 = transport.call_async("ps:0", me._ps_timers_now).wait()
-        ps_u1 = transport.call_async("ps:0", me._ps_usage).wait()
+        ps1 = endpoint.call_async("ps:0", me._ps_timers_now).wait()
+        ps_u1 = endpoint.call_async("ps:0", me._ps_usage).wait()
         wait = strategy.client._pull_wait_s - wait0
         wall = end - t0
         out["per_step_us"] = {k: v / steps * 1e6 for k, v in {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from towerflow.cluster.connection_events import ConnectionWatch, PeerGone
+from towerflow.cluster.calls.connection_events import ConnectionWatch, PeerGone
 from towerflow.errors import ClusterJoinError
 
 CONNECTED = [zmq.EVENT_CONNECT_DELAYED, zmq.EVENT_CONNECTED]

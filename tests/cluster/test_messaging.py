@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from towerflow.cluster import messaging
-from towerflow.cluster.wire_security import AUTHENTICATE, ENCRYPT, WireSecurity
+from towerflow.cluster.calls import messaging
+from towerflow.cluster.calls.wire_security import AUTHENTICATE, ENCRYPT, WireSecurity
 from towerflow.errors import ClusterJoinError, ClusterTimeoutError, RemoteError
 
 _calls_run = []
@@ -234,8 +234,8 @@ def test_a_call_after_close_fails_instead_of_waiting(endpoints):
 _PEER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    from towerflow.cluster import messaging
-    from towerflow.cluster.wire_security import WireSecurity
+    from towerflow.cluster.calls import messaging
+    from towerflow.cluster.calls.wire_security import WireSecurity
     import test_messaging
     ep = messaging.Endpoint("peer", "127.0.0.1", WireSecurity("authenticate", "t"), lambda n: None, 10.0)
     print(ep.address, flush=True)
@@ -298,7 +298,7 @@ def test_a_monitor_closed_before_its_socket_after_stop_monitors_blocks_no_connec
     """What a context destroyed with another thread's channel still open may do: close the monitor first, then
     the monitored connection's task dies. After `stop_monitors` (an endpoint's close runs it before the destroy)
     the disconnect goes nowhere and the task's other connections work on; without it every one would hang."""
-    from towerflow.cluster.connection_events import stop_monitors
+    from towerflow.cluster.calls.connection_events import stop_monitors
 
     server, other = endpoints("server"), endpoints("other")
     client = endpoints("client", book={"server": server.address, "other": other.address})

@@ -121,7 +121,7 @@ def test_a_lost_incarnation_that_goes_on_beating_lives_on_and_the_caller_connect
     """A connection can be lost while its task lives on (cut off, a stall): no restart will come, so a wait that
     allows it returns the lost name itself once that incarnation has beaten a few times (in a job that allows
     restarts: one that allows none ends on a lost connection as on a lost task, below)."""
-    from towerflow.cluster import membership
+    from towerflow.cluster.membership import membership
 
     monkeypatch.setattr(membership, "BEAT_EVERY", 0.05)
     s = _server(monkeypatch, max_restarts=1)
@@ -132,7 +132,7 @@ def test_a_lost_incarnation_that_goes_on_beating_lives_on_and_the_caller_connect
 
 
 def test_a_silent_lost_incarnation_is_waited_for_and_one_restart_beat_is_not_life(monkeypatch):
-    from towerflow.cluster import membership
+    from towerflow.cluster.membership import membership
 
     monkeypatch.setattr(membership, "BEAT_EVERY", 0.05)
     s = _server(monkeypatch, max_restarts=1)

@@ -1,4 +1,4 @@
-"""cluster/shm_link.py: a same-host request/reply link whose tensors live in shared memory.
+"""cluster/link/shm_link.py: a same-host request/reply link whose tensors live in shared memory.
 
 Both ends run in this process (the server end in its thread, as a ps task runs it); the files live
 in a temporary folder instead of /dev/shm, which changes nothing else.
@@ -13,8 +13,8 @@ import threading
 import pytest
 import torch
 
-from towerflow.cluster import shm_link
-from towerflow.cluster.transport import is_peer_lost
+from towerflow.cluster.link import shm_link
+from towerflow.cluster.calls.endpoint import is_peer_lost
 
 SPECS = ((5, torch.float32), (3, torch.float64))
 

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 import torch.distributed as dist
 
-from towerflow.cluster import failures
-from towerflow.cluster.failures import FailureRecord, FailureReport
-from towerflow.cluster.connection_events import PeerGone
+from towerflow.cluster.membership import failures
+from towerflow.cluster.membership.failures import FailureRecord, FailureReport
+from towerflow.cluster.calls.connection_events import PeerGone
 from towerflow.errors import ClusterTimeoutError, DataError, PeerLostError
 from towerflow.launch import verdict
 

@@ -197,7 +197,7 @@ def _promote_answers(monkeypatch, asked):
         future = torch.futures.Future()
         future.set_result(True)
         return future
-    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+    monkeypatch.setattr(_recovery._calls, "call_async", call_async)
 
 
 def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(monkeypatch):
@@ -229,7 +229,7 @@ def test_two_ps_tasks_lost_together_wait_for_their_restarts_at_once_not_one_afte
         future = torch.futures.Future()
         future.set_result(True)
         return future
-    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+    monkeypatch.setattr(_recovery._calls, "call_async", call_async)
 
     class TwoLost(_Client):
         def rejoin(self, restarted, wait_open):
@@ -280,7 +280,7 @@ def test_a_backup_that_cannot_stand_for_the_lost_primary_leaves_the_usual_wait(m
         future = torch.futures.Future()
         future.set_result(False)
         return future
-    monkeypatch.setattr(_recovery._transport, "call_async", refused)
+    monkeypatch.setattr(_recovery._calls, "call_async", refused)
     client = _Client()
     with pytest.raises(ClusterTimeoutError):  # the fake's launcher never brings ps 0 back
         Recovery(client).recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
@@ -376,7 +376,7 @@ def test_a_promoted_backup_that_beats_on_is_connected_to_again_not_replaced(monk
 
     asked, reconnected = [], []
     _promote_answers(monkeypatch, asked)
-    monkeypatch.setattr(_recovery._transport, "reconnect", reconnected.append)
+    monkeypatch.setattr(_recovery._calls, "reconnect", reconnected.append)
     client = _Client(stood_in={("ps", 0)}, num_ps=3, beating=True)
     client.channels[0].serve_from("ps:1", part_key("model", 0))
     Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))

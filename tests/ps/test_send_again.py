@@ -105,7 +105,7 @@ def test_a_connection_lost_to_a_ps_that_lives_on_is_opened_again_and_nothing_is_
     from towerflow.ps.worker.client import PSLost
 
     reconnected = []
-    monkeypatch.setattr(_recovery._transport, "reconnect", reconnected.append)
+    monkeypatch.setattr(_recovery._calls, "reconnect", reconnected.append)
     client = _Client([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
     client.server, client.is_chief, client.global_step, client.pushes = _Server(), True, 20, 10
     counted = {0: 9, 1: 10}  # ps 0 never got the step's push
@@ -126,7 +126,7 @@ def test_a_ps_that_lives_on_but_stays_out_of_reach_ends_the_wait_with_the_reason
     from towerflow.ps.worker import recovery as _recovery
     from towerflow.ps.worker.client import PSLost
 
-    monkeypatch.setattr(_recovery._transport, "reconnect", lambda name: None)
+    monkeypatch.setattr(_recovery._calls, "reconnect", lambda name: None)
     client = _Client([_Channel(0, 10, [9, 10])], replica_lag=0)
     client.server = _Server()
     gone = PSLost(0, "ps:0", RuntimeError("the connection from worker:0 to ps:0 closed"))

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from towerflow.cluster import server as _server
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.calls import endpoint as _calls
 from towerflow.devices import logical as _logical
 from towerflow.devices.spec import DeviceLike, DeviceSpec
 from towerflow.errors import ClusterError, RemoteError
@@ -207,7 +207,7 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
         return RemoteFuture(future, f"/job:{here.job}/task:{here.task}")
     server = _server.current()
     task = f"/job:{spec.job or _logical.local_task().job}/task:{spec.task or 0}"
-    if server is None or not _transport.is_endpoint_running():
+    if server is None or not _calls.is_endpoint_running():
         raise ClusterError(
             f"cannot run {name!r} on {task}: this process is not part of a cluster. Start "
             "towerflow.Server(...) first (or run under `towerflow launch`).",
@@ -217,7 +217,7 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
     index = spec.task if spec.task is not None else 0
     server.cluster.task_address(job, index)  # unknown job / index out of range: a clear error
     _log_call(name, spec.replace(job=job, task=index), args, kwargs)
-    fut = _transport.call_async(
+    fut = _calls.call_async(
         server.rpc_name_of(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
     )
     return RemoteFuture(fut, f"/job:{job}/task:{index}", watch=(server, (job, index)))

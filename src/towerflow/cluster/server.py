@@ -24,13 +24,13 @@ from towerflow import library_env as _library_env
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import addresses as _addresses
-from towerflow.cluster import ending as _ending
+from towerflow.cluster.membership import ending as _ending
 from towerflow.cluster import environment as _env
 from towerflow.cluster import exit_hooks as _exit_hooks
-from towerflow.cluster import failures as _failures
-from towerflow.cluster.membership import Membership, rpc_name
-from towerflow.cluster.rendezvous import Rendezvous, say, task_name
-from towerflow.cluster.stores import host_rendezvous
+from towerflow.cluster.membership import failures as _failures
+from towerflow.cluster.membership.membership import Membership, rpc_name
+from towerflow.cluster.membership.rendezvous import Rendezvous, say, task_name
+from towerflow.cluster.store.stores import host_rendezvous
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterError, ClusterSpecError, PeerLostError
@@ -91,7 +91,7 @@ class Server:
         self.token = token or env.cluster_token()
         self.join_timeout = float(join_timeout) if join_timeout is not None else env.join_timeout
         self.heartbeat_timeout = env.heartbeat_timeout
-        from towerflow.cluster.wire_security import WireSecurity  # zmq, for processes that are tasks only
+        from towerflow.cluster.calls.wire_security import WireSecurity  # zmq, for processes that are tasks only
 
         self.wire_security = WireSecurity(env.wire_security or self._default_wire_security(), self.token)
         self.context = env  # this task's resolved environment, handed to what runs in it (the ps client, the strategy)

@@ -64,7 +64,7 @@ class Replicator:
     `direct(to)`, when given, opens the calling thread's own connection to `to` (a function of a frame
     returning a call whose `result()` is the ack, read in that thread), or returns None in a thread that
     must not wait (the messaging thread): a same-host link's thread then sends its ops and reads their acks
-    itself, without two hand-offs to the messaging thread per op (cluster/direct.py). A call marked `op_held`
+    itself, without two hand-offs to the messaging thread per op (cluster/calls/direct.py). A call marked `op_held`
     stands for its own op alone, held as sent (a same-host ring's record, `mirror_link.py`), not for every
     op before it as an ack does.
     """

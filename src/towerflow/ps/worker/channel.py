@@ -35,7 +35,7 @@ class Channel:
         self.pushes = 0  # this worker's pushes this ps task has counted (its clock there)
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers[0])
         self.link = None  # a same-host shared-memory link to the ps task (`linked.py`), when it has one
-        self.direct = None  # else this worker's own connection for its steps (cluster/direct.py), opened on the first
+        self.direct = None  # else this worker's own connection for its steps (cluster/calls/direct.py), opened on the first
         self._views: List[tuple] = []  # (a reply slot's tensors, the parameters' views into them), per slot
         self.link_tried_for: Optional[str] = None  # the ps incarnation (RPC name) a link was last offered to
         # (push buffer set, PushPull) of the last two steps sent here: a ps restored from its mirror may lack

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from towerflow.cluster import membership as _membership
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.membership import membership as _membership
+from towerflow.cluster.calls import endpoint as _calls
 from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import Layout
 from towerflow.ps.worker import linked
@@ -46,7 +46,7 @@ def _lost_as_pslost(ch: Channel) -> Iterator[None]:
     except PartMoved as e:
         raise PSLost(ch.task, ch.to, e) from e
     except RuntimeError as e:
-        if _transport.is_peer_lost(e):
+        if _calls.is_peer_lost(e):
             raise PSLost(ch.task, ch.via or ch.to, e) from e  # the task lost: the part's own, or its promoted backup
         raise
 
@@ -177,7 +177,7 @@ class PSClient:
     def call(self, ch: Channel, fn: Endpoint, *args: Any):
         """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSLost."""
         with _lost_as_pslost(ch):
-            return _transport.call_async(ch.via or ch.to, fn, args=(ch.key or self.model_name, *args))
+            return _calls.call_async(ch.via or ch.to, fn, args=(ch.key or self.model_name, *args))
 
     def _try_link(self, ch: Channel) -> None:
         """Once per ps incarnation: offer a ps task of this host a shared-memory link for the steps (`linked.py`)."""
@@ -201,13 +201,13 @@ class PSClient:
 
     def _push_pull_call(self, ch: Channel, slot: int, request: PushPull):
         """The step's call to one ps task: over its same-host link when it has one, else over this thread's
-        direct channel to it (cluster/direct.py); what `wait` reads a `PushPulled` from."""
+        direct channel to it (cluster/calls/direct.py); what `wait` reads a `PushPulled` from."""
         ch.sent.append((slot, request))  # sent again when the ps is lost and its mirror lacks it (recovery.py)
         with _lost_as_pslost(ch):
             if ch.link is not None and request.rows is None:
                 return linked.push_pull(ch.link, slot, request)
             if ch.direct is None:
-                ch.direct = _transport.direct_channel(ch.via or ch.to)
+                ch.direct = _calls.direct_channel(ch.via or ch.to)
             if request.rows is None:
                 return _FlatStep(ch.direct.call(Endpoints.push_pull_flat, ch.key or self.model_name, *request.flat()))
             return ch.direct.call(Endpoints.push_pull, ch.key or self.model_name, request)

@@ -1,4 +1,4 @@
-"""The worker's side of a ps step over a same-host link (`cluster/shm_link.py`) instead of an RPC call.
+"""The worker's side of a ps step over a same-host link (`cluster/link/shm_link.py`) instead of an RPC call.
 
 A worker and a ps task on one host exchange each step's gradients and values through
 shared tensors: the worker packs its gradients straight into the link's request slot
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
-from towerflow.cluster import shm_link
+from towerflow.cluster.link import shm_link
 from towerflow.ps.messages import PushPull, PushPulled
 
 

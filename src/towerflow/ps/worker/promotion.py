@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Dict, Optional
 
-from towerflow.cluster import transport as _transport
-from towerflow.cluster.membership import task_of
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.membership.membership import task_of
 from towerflow.errors import ClusterError, ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import backup_of, part_key, ps_hosts
@@ -116,7 +116,7 @@ class Promotion:
             by = self.server.membership.stood_in_by("ps", gone.task)
             at = task_of(by)[1] if by is not None else backup_of(gone.task, ps_hosts(self.server.cluster))
         backup = self.server.rpc_name_of("ps", at)
-        future = _transport.call_async(backup, Endpoints.promote,
+        future = _calls.call_async(backup, Endpoints.promote,
                                        args=(client.model_name, gone.task, gone.name if lost is None else lost))
         try:
             self.server.wait_watching(future, task=("ps", at))
@@ -125,7 +125,7 @@ class Promotion:
         except ClusterError:  # the backup went silent too
             return False
         except RuntimeError as e:
-            if not _transport.is_peer_lost(e):
+            if not _calls.is_peer_lost(e):
                 raise
             return False
         for ch in client.channels:

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.calls import endpoint as _calls
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.worker import from_mirrors
@@ -220,7 +220,7 @@ class Recovery:
                     "the network between the two hosts (a firewall, a partition), or whether that ps task is stuck")
             self._say(f"/job:ps/task:{gone.task} ({gone.name}) is still running (its heartbeats go on): connecting to "
                       "it again")
-            _transport.reconnect(gone.name)
+            _calls.reconnect(gone.name)
 
     def _send_again(self, sent: Dict[int, int], clock: int) -> int:
         """After a restore from mirrors, put this worker back where it was, as if nothing had happened. A ps task

@@ -14,11 +14,11 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from towerflow.cluster import ending as _ending
+from towerflow.cluster.membership import ending as _ending
 from towerflow import taskenv as _taskenv
-from towerflow.cluster import failures as _failures
-from towerflow.cluster import transport as _transport
-from towerflow.cluster.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
+from towerflow.cluster.membership import failures as _failures
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.membership.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
 
@@ -67,7 +67,7 @@ class Membership:
         a call to one of them fails, and callers look up the current one)."""
         rv = self.rendezvous
         me = rpc_name(rv.job, rv.index, rv.incarnation)
-        _transport.start_endpoint(self._store, me, host, security, heartbeat_timeout)
+        _calls.start_endpoint(self._store, me, host, security, heartbeat_timeout)
         self._store.add(rv.key("beat"), 1)  # a first beat before the new incarnation shows (see check_heartbeats)
         self._store.set(rv.key("incarnation"), str(rv.incarnation))
         if rv.incarnation > 0:

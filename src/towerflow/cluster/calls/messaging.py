@@ -30,9 +30,9 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from towerflow.cluster import wire
-from towerflow.cluster.wire_security import ENCRYPT, WireSecurity
-from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor, stop_monitors, unknown
+from towerflow.cluster.calls import wire
+from towerflow.cluster.calls.wire_security import ENCRYPT, WireSecurity
+from towerflow.cluster.calls.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor, stop_monitors, unknown
 from towerflow.errors import ClusterTimeoutError
 
 _HEARTBEAT_EVERY_MS = 1000
@@ -230,9 +230,9 @@ class Endpoint:
         return threading.get_ident() == self._thread.ident
 
     def direct(self, to: str):
-        """A `DirectChannel` to task `to` for the calling thread alone (cluster/direct.py); PeerGone when no task
+        """A `DirectChannel` to task `to` for the calling thread alone (cluster/calls/direct.py); PeerGone when no task
         of that name has published an address."""
-        from towerflow.cluster.direct import DirectChannel
+        from towerflow.cluster.calls.direct import DirectChannel
 
         address = self._address_of(to)
         if address is None or self._stopped.is_set():

@@ -20,8 +20,8 @@ from typing import Any, Callable, Dict, Optional
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from towerflow.cluster import wire
-from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor
+from towerflow.cluster.calls import wire
+from towerflow.cluster.calls.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor
 
 _WATCH_EVERY_MS = 1000
 _IDLE_EVERY_S = _WATCH_EVERY_MS / 1000
