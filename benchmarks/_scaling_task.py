@@ -123,7 +123,7 @@ def run_task(cfg: dict, rank: int) -> None:
         if job == "ps":
             server.join()  # what a ps does: the end barrier, watching every task until all are done
         else:
-            ps = server.rpc_name_of("ps", 0)
+            ps = server.call_name_of("ps", 0)
             x = torch.zeros(cfg["fanin_floats"])
             server.wait_watching(_event_future(went[FANIN]), serving=("ps",))
             lat = end["lat"]

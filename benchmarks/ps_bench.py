@@ -47,7 +47,7 @@ WIRE_ENVS = {
     # what towerflow launch gives a ps cluster: huge pages for CPU tensors >= 2 MB, glibc's mmap threshold
     # fixed at 32 MB with 256 MB of freed memory kept, and TensorPipe's TCP transport only
     "tuned": {},  # includes the same-host shared-memory link for the steps
-    "rpc": {"TOWERFLOW_PS_LINK": "rpc"},  # the launcher's settings, steps over RPC (what "tuned" was before the same-host link)
+    "rpc": {"TOWERFLOW_PS_LINK": "zmq"},  # the launcher's settings, steps over RPC (what "tuned" was before the same-host link)
     "thp": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "1"},  # huge pages only (what the launcher gave before 2026-11-22 13:50)
     "plain": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "0"},  # the system's allocator as it is
     # TensorPipe's default transports, shm (busy-polling reactor) included, with huge pages: what tasks got

@@ -10,13 +10,13 @@ The issue's setup: an MLP 64-256-256-10 on scikit-learn's 8x8 digits, batch 32 p
 * one_process: the plain PyTorch loop (zero_grad, forward, backward, step), one process.
 * rpc_loop: 1 ps + 2 workers; each step pulls the flat values, computes, pushes the flat gradient,
   each a `torch.distributed.rpc` call to a function on the ps (the naive loop towerflow should beat).
-* ps_rpc: towerflow's async ParameterServerStrategy, 1 ps + 2 workers, TOWERFLOW_PS_LINK=rpc.
+* ps_rpc: towerflow's async ParameterServerStrategy, 1 ps + 2 workers, TOWERFLOW_PS_LINK=zmq.
 * ps_shm: the same with the same-host shared-memory link (the default on one host).
 * ps_shm_prefetch: ps_shm with prefetch=True (next values pulled while the worker computes).
 * ps_hosts, ps_hosts_auth: 1 ps + 2 workers on three network-namespace hosts (root), encrypted (the
   default across hosts) and authenticated only.
 * ps_rpc_before, ps_hosts_before, ps_hosts_before_tcp: the tree of --before-src (torch.distributed.rpc):
-  on one host with TOWERFLOW_PS_LINK=rpc; across the namespace hosts; and across them with TensorPipe's
+  on one host with TOWERFLOW_PS_LINK=zmq; across the namespace hosts; and across them with TensorPipe's
   tensors over TCP instead of CMA, as between machines (see _on_hosts).
 * zmq_bare_local, zmq_bare_hosts: the ceiling, a ps written directly on pyzmq (no towerflow, no authentication,
   one zero-copy frame each way), on loopback and on the three namespace hosts (_bare_zmq_ps.py).
@@ -285,7 +285,7 @@ def in_cluster(args) -> None:
 def run_one(contender: str, args, out_dir: str) -> dict:
     src = args.before_src if "_before" in contender else os.path.join(REPO, "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
-           "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
+           "TOWERFLOW_PS_LINK": "zmq" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
     if contender.startswith("zmq_bare"):
         from _bare_zmq_ps import run
 

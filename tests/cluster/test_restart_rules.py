@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from towerflow.cluster.server import Server, rpc_name
+from towerflow.cluster.calls.names import call_name
+from towerflow.cluster.server import Server
 from towerflow.errors import ClusterError, ClusterJoinError
 
 
@@ -54,11 +55,11 @@ def _server(monkeypatch, restarts=0, max_restarts=0):
 
 
 def test_each_incarnation_has_its_own_call_name(monkeypatch):
-    assert [rpc_name("worker", 1, k) for k in (0, 2)] == ["worker:1", "worker:1:r2"]
+    assert [call_name("worker", 1, k) for k in (0, 2)] == ["worker:1", "worker:1:r2"]
     s = _server(monkeypatch)
-    assert s.rpc_name_of("worker", 0) == "worker:0"
+    assert s.call_name_of("worker", 0) == "worker:0"
     s.rendezvous.store.set("incarnation/worker/0", "3")
-    assert s.rpc_name_of("worker", 0) == "worker:0:r3"
+    assert s.call_name_of("worker", 0) == "worker:0:r3"
 
 
 def test_a_silent_task_that_may_restart_gets_the_join_timeout_on_top(monkeypatch):

@@ -23,7 +23,7 @@ class FakeServer:
     def __init__(self):
         self.names = {0: "ps:0", 1: "ps:1"}
 
-    def rpc_name_of(self, job: str, index: int) -> str:
+    def call_name_of(self, job: str, index: int) -> str:
         return self.names[index]
 
     def peer_watch(self, serving=()):

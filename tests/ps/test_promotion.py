@@ -160,7 +160,7 @@ class _Server:
         self.clock[0] += timeout or 0.0  # the wait runs its whole time: the launcher never brings the task back
         raise ClusterTimeoutError(f"{lost} was not back within {timeout} s", task=self.name, missing=[lost])
 
-    def rpc_name_of(self, job, task):
+    def call_name_of(self, job, task):
         return f"ps:{task}"
 
     def wait_watching(self, future, serving=(), task=None):

@@ -94,7 +94,7 @@ class _Server:
         self.waited.append((task, alive_ok))
         return lost
 
-    def rpc_name_of(self, job, task):
+    def call_name_of(self, job, task):
         return f"ps:{task}"
 
 

@@ -92,7 +92,7 @@ def _dumps_fn(fn: Callable) -> bytes:
 
 
 def _to_cpu(value: Any) -> Any:
-    """Tensors cross processes from the CPU (RPC has no device map here); containers are walked."""
+    """Tensors cross processes from the CPU (calls have no device map here); containers are walked."""
     if isinstance(value, torch.Tensor):
         return value.cpu() if value.device.type != "cpu" else value
     if isinstance(value, (list, tuple)):
@@ -218,7 +218,7 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
     server.cluster.task_address(job, index)  # unknown job / index out of range: a clear error
     _log_call(name, spec.replace(job=job, task=index), args, kwargs)
     fut = _calls.call_async(
-        server.rpc_name_of(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
+        server.call_name_of(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
     )
     return RemoteFuture(fut, f"/job:{job}/task:{index}", watch=(server, (job, index)))
 

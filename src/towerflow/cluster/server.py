@@ -28,14 +28,15 @@ from towerflow.cluster.membership import ending as _ending
 from towerflow.cluster import environment as _env
 from towerflow.cluster import exit_hooks as _exit_hooks
 from towerflow.cluster.membership import failures as _failures
-from towerflow.cluster.membership.membership import Membership, rpc_name
+from towerflow.cluster.calls.names import call_name
+from towerflow.cluster.membership.membership import Membership
 from towerflow.cluster.membership.rendezvous import Rendezvous, say, task_name
 from towerflow.cluster.store.stores import host_rendezvous
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterError, ClusterSpecError, PeerLostError
 
-__all__ = ["Server", "current", "host_rendezvous", "rpc_name"]
+__all__ = ["Server", "current", "host_rendezvous"]
 
 _current: Optional["Server"] = None  # this process's server; one per process, as in TF
 _current_lock = threading.Lock()
@@ -103,7 +104,7 @@ class Server:
                                      store_address=store_address, incarnation=restarts, launch_id=env.launch_id)
         self.membership = Membership(self.rendezvous, heartbeat_timeout=self.heartbeat_timeout,
                                      join_timeout=self.join_timeout, max_restarts=self.max_restarts)
-        self.replaced: List[str] = []  # RPC names of dead incarnations this one took over from
+        self.replaced: List[str] = []  # call names of dead incarnations this one took over from
         self._started = False
         self._stopped = False
         if start:
@@ -183,7 +184,7 @@ class Server:
         self._started = True
         _exit_hooks.leave_at_exit(rv.store, abort=self.abort, join=self.join)
         if self.incarnation > 0:
-            me = rpc_name(self.job_name, self.task_index, self.incarnation)
+            me = call_name(self.job_name, self.task_index, self.incarnation)
             say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as {me}, in place of "
                 f"{', '.join(self.replaced) or 'none'}")
         return self
@@ -236,13 +237,13 @@ class Server:
         """Set a fact to `desired` only while it holds `expected`, in one step; the value it holds after."""
         return self.rendezvous.swap(key, expected, desired)
 
-    def rpc_name_of(self, job: str, index: int) -> str:
-        """The RPC name of a task's current incarnation (a task that was restarted joined under a new name)."""
-        return self.membership.rpc_name_of(job, index)
+    def call_name_of(self, job: str, index: int) -> str:
+        """The call name of a task's current incarnation (a task that was restarted joined under a new name)."""
+        return self.membership.call_name_of(job, index)
 
     def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None,
                          alive_ok: bool = False, beats_before: Optional[int] = None) -> str:
-        """Wait until the task whose incarnation `lost` is gone is back; its new RPC name, or with `alive_ok` `lost`
+        """Wait until the task whose incarnation `lost` is gone is back; its new call name, or with `alive_ok` `lost`
         itself when that incarnation lives on (Membership.wait_for_restart)."""
         return self.membership.wait_for_restart(job, index, lost, cause, timeout, alive_ok, beats_before)
 

@@ -45,7 +45,7 @@ class LinkClosed(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class LinkOffer:
-    """What the caller sends (over RPC) to the task that will serve the link: where its files are."""
+    """What the caller sends (over remote calls) to the task that will serve the link: where its files are."""
 
     prefix: str  # /dev/shm/towerflow-link-<pid>-<random>: the files are prefix + ".q<k>.<i>", ".r<k>.<i>", ".in", ".out"
     requests: TensorSpecs
@@ -256,7 +256,7 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
           on_end: Optional[Callable[[], None]] = None, after: Optional[Callable[[], None]] = None) -> bool:
     """Serve `offer` in a thread: handler(header, request tensors, reply tensors) returns the reply header, or a
     future of it, having written (or writing, before it completes) the reply tensors. False when the offer's files are
-    not on this host (the caller then keeps using RPC). `on_end()` runs in that thread once the caller is gone (not
+    not on this host (the caller then keeps using remote calls). `on_end()` runs in that thread once the caller is gone (not
     when this process exits); `after()` after each call is answered (or its answer deferred): work that may wait, done
     while the caller computes its next call."""
     try:
@@ -282,7 +282,7 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
     def answer(slot: int, future: torch.futures.Future) -> None:
         try:
             value = future.value()
-        except Exception as e:  # the handler's error goes back to the caller, as an RPC's would
+        except Exception as e:  # the handler's error goes back to the caller, as a remote call's would
             _send(slot, False, e)
         else:
             _send(slot, True, value)
@@ -367,5 +367,5 @@ atexit.register(stop_servers)
 
 def same_host(address_a: str, address_b: str) -> bool:
     """Whether two tasks' `host:port` addresses name the same host (the name as written: a link is only
-    tried then, so tasks given distinct host names keep RPC even when they share a machine)."""
+    tried then, so tasks given distinct host names keep remote calls even when they share a machine)."""
     return address_a.rsplit(":", 1)[0] == address_b.rsplit(":", 1)[0]

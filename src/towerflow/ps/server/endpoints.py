@@ -4,7 +4,7 @@ Every function takes the model's name first (one ps process may hold several mod
 requests and replies of `ps/messages.py`. A ps process keeps its `ShardService`s in this module's
 registry; the chief creates them (`create`), and the other workers wait until it has
 initialized them (`wait_ready`) before their first pull. Functions that may wait (a sync pull,
-a finish, a rejoin) are `deferred`: they answer with a future, so no RPC thread blocks. The
+a finish, a rejoin) are `deferred`: they answer with a future, so the messaging thread never blocks. The
 per-step calls that never wait (a row read, a push alone) are `quick`: run where they arrive.
 """
 
@@ -22,7 +22,7 @@ from towerflow.cluster import server as _server
 from towerflow.cluster.link import shm_link as _shm_link
 from towerflow.cluster.link import shm_ring as _shm_ring
 from towerflow.cluster.calls import endpoint as _calls
-from towerflow.cluster.membership.membership import rpc_name
+from towerflow.cluster.calls.names import call_name
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
 from towerflow.ps.replication_messages import (PROMOTED, DropOp, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
@@ -40,7 +40,7 @@ from towerflow.ps.tables.table_shards import TableShards
 _services: Dict[str, ShardService] = {}
 _ready: Dict[str, List[torch.futures.Future]] = collections.defaultdict(list)
 _opened: set = set()  # models the chief has initialized; workers start only then
-# After a lost ps: the restarted ps incarnations (RPC names) the chief has restored every ps task for, by model,
+# After a lost ps: the restarted ps incarnations (call names) the chief has restored every ps task for, by model,
 # and the rejoins waiting for that. A surviving ps is open all along, so without this gate a worker could read
 # its clock there before the chief put it back to the checkpoint.
 _restored: Dict[str, set] = collections.defaultdict(set)
@@ -201,7 +201,7 @@ def promote(model: str, primary: int, lost: str) -> bool:
             return True  # two workers asked at once: the other call serves it, and says so
         _services.setdefault(key, service)
         _opened.add(key)
-    me = rpc_name("ps", server.task_index, server.incarnation)
+    me = call_name("ps", server.task_index, server.incarnation)
     server.membership.stand_in("ps", primary, me)  # nobody waits for `lost` now: its host may never return
     print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
           f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
@@ -318,7 +318,7 @@ def push_pull_flat(model: str, *request: Any) -> torch.futures.Future:
 
 def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:
     """Serve `worker`'s push-pulls of the model through its shared-memory link (it is on this host); False when
-    the link's files are not here (the worker keeps RPC)."""
+    the link's files are not here (the worker keeps remote calls)."""
     _get(model)
     return _shm_link.serve(offer, _linked.handler(lambda: _get(model)), name=f"towerflow-link-{model}-{worker}",
                            after=lambda: _settle(model))

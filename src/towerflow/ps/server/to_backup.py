@@ -37,7 +37,7 @@ def replicate(model: str, task: int, service: ShardService, backup_task: int, re
     serving = task if serving is None else serving
     replica = service.replica
     if not isinstance(replica, Replicator):
-        sender = server.rpc_name_of("ps", serving)
+        sender = server.call_name_of("ps", serving)
         replica = Replicator(
             model, task, sender, backup_task, service._lock,
             lambda: _snapshot.take(service),
@@ -52,7 +52,7 @@ def replicate(model: str, task: int, service: ShardService, backup_task: int, re
         service.replica = replica
     elif not reseed:
         return
-    replica.seed(server.rpc_name_of("ps", backup_task))
+    replica.seed(server.call_name_of("ps", backup_task))
 
 
 def _fence(name: str, why: str) -> None:
@@ -68,7 +68,7 @@ def _direct_sender(server, model: str, task: int, serving: int, backup_task: int
     wait for an ack."""
     same_host = _shm_link.same_host(server.cluster.task_address("ps", serving),
                                     server.cluster.task_address("ps", backup_task))
-    use_link = same_host and server.context.ps_link != "rpc"
+    use_link = same_host and server.context.ps_link != "zmq"
 
     def open_for(to: str):
         if _calls.on_socket_thread():

@@ -107,7 +107,7 @@ class PSClient:
         self.tables = {spec.name: spec for spec in tables}
         self._table_values = dict(table_values or {})
         self._row_optimizer = row_optimizer
-        self.channels = [Channel(t, layout, params, self.device, self.server.rpc_name_of("ps", t))
+        self.channels = [Channel(t, layout, params, self.device, self.server.call_name_of("ps", t))
                          for t in range(layout.num_ps) if layout.on_task(t) or self.tables]
 
     def connect(self) -> Optional[List[Rejoined]]:
@@ -160,7 +160,7 @@ class PSClient:
     def follow_restarts(self) -> None:
         """After a ps task was restarted: call each ps task's current incarnation, forget values fetched ahead."""
         for ch in self.channels:
-            now = self.server.rpc_name_of("ps", ch.task)
+            now = self.server.call_name_of("ps", ch.task)
             if now != ch.to or ch.via is None:  # a part its backup serves stays there until the task is back
                 ch.to = now
                 ch.serve_from(None, None)  # the next step offers the new incarnation a link
@@ -233,7 +233,7 @@ class PSClient:
         def check() -> None:
             peers()
             for ch in self.channels:
-                now = self.server.rpc_name_of("ps", ch.task)
+                now = self.server.call_name_of("ps", ch.task)
                 if now != ch.to:
                     raise PSLost(ch.task, ch.to, RuntimeError(f"it was restarted (now {now})"))
         return check
@@ -381,7 +381,7 @@ class PSClient:
 
     def metrics(self) -> dict:
         """This worker's view: steps/s, bytes pushed and pulled per ps task, what became of its pushes, and how it
-        reaches each ps task ("shm": the same-host link, else "rpc")."""
+        reaches each ps task ("shm": the same-host link, else "zmq": calls over ZeroMQ)."""
         elapsed = time.perf_counter() - self._started if self._started else 0.0
         ps = lambda counts: {f"/job:ps/task:{t}": n for t, n in sorted(counts.items())}  # noqa: E731
         return {
@@ -396,5 +396,5 @@ class PSClient:
             "pushes_dropped": self._outcomes["dropped"],
             "staleness_histogram": dict(sorted(self._staleness.items())),
             "pull_wait_s": self._pull_wait_s,
-            "links": {f"/job:ps/task:{ch.task}": "shm" if ch.link is not None else "rpc" for ch in self.channels},
+            "links": {f"/job:ps/task:{ch.task}": "shm" if ch.link is not None else "zmq" for ch in self.channels},
         }

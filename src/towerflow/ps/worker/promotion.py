@@ -14,7 +14,7 @@ import time
 from typing import Dict, Optional
 
 from towerflow.cluster.calls import endpoint as _calls
-from towerflow.cluster.membership.membership import task_of
+from towerflow.cluster.calls.names import task_of
 from towerflow.errors import ClusterError, ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import backup_of, part_key, ps_hosts
@@ -78,7 +78,7 @@ class Promotion:
         that beats on only lost a connection: its own name comes back, and the caller connects to it again."""
         via, server = ch.via, self.server
         via_task = task_of(via)[1]
-        if server.rpc_name_of("ps", via_task) == via and server.membership.beats_on(
+        if server.call_name_of("ps", via_task) == via and server.membership.beats_on(
                 "ps", via_task, server.context.ps_promote_after):
             return via
         onward = backup_of(via_task, ps_hosts(server.cluster))
@@ -115,7 +115,7 @@ class Promotion:
         if at is None:
             by = self.server.membership.stood_in_by("ps", gone.task)
             at = task_of(by)[1] if by is not None else backup_of(gone.task, ps_hosts(self.server.cluster))
-        backup = self.server.rpc_name_of("ps", at)
+        backup = self.server.call_name_of("ps", at)
         future = _calls.call_async(backup, Endpoints.promote,
                                        args=(client.model_name, gone.task, gone.name if lost is None else lost))
         try:

@@ -71,7 +71,7 @@ class Recovery:
             return
         self._next_look = time.monotonic() + LOOK_BACK_EVERY_S
         for ch in promoted:
-            now = self.server.rpc_name_of("ps", ch.task)
+            now = self.server.call_name_of("ps", ch.task)
             if now != ch.to:
                 raise PSLost(ch.task, ch.to, RuntimeError(f"it was restarted (now {now})"))
 
@@ -155,7 +155,7 @@ class Recovery:
                 (alive if back == gone.name else promoted if back is None else []).append(gone)
             self._connect_again(alive, seen)
             client.follow_restarts()
-            back_as = [self.server.rpc_name_of("ps", t) for t in sorted(lost_tasks)  # this recovery's new names
+            back_as = [self.server.call_name_of("ps", t) for t in sorted(lost_tasks)  # this recovery's new names
                        if t not in {g.task for g in alive + promoted}]
             try:
                 if not back_as:  # connections were lost, or backups serve the lost parts: nothing to restore
