@@ -88,7 +88,7 @@ def run_task(cfg: dict, rank: int) -> None:
 
     from towerflow.cluster.calls import endpoint
     from towerflow.cluster.server import Server
-    from towerflow.errors import PeerLostError
+    from towerflow.errors import PeerLost
 
     torch.set_num_threads(1)
     job, index = ("ps", 0) if rank == 0 else ("worker", rank - 1)
@@ -132,7 +132,7 @@ def run_task(cfg: dict, rank: int) -> None:
                 endpoint.call_async(ps, echo, args=(x,)).wait()
                 lat.append(time.perf_counter() - t)
             server.wait_watching(torch.futures.Future(), serving=("ps",))  # until a peer is lost
-    except PeerLostError as e:
+    except PeerLost as e:
         end.update(detected=time.time(), lost=e.task, error=str(e)[:300])
     end.update(marks=marks, calls_by_kind=dict(counted.calls), cpu_end=_cpu(),
                checks=timings.get("check_peers", []), end=time.time())

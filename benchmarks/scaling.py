@@ -13,7 +13,7 @@ launcher's token and TOWERFLOW_STORE) each create a `towerflow.Server`. Measured
   heartbeats (the counters' growth, read in the store: under 1 beat/s per task means CPU starvation),
   each task's and the store host's CPU, the machine's, a side client's get latency, memory (RSS, USS);
 * fan-in (`--fanin` s): every worker calls the ps in a loop (one 1 KB call in flight each): calls/s, latency;
-* detection: the last worker is SIGKILLed; how long until each other task raises PeerLostError.
+* detection: the last worker is SIGKILLed; how long until each other task raises PeerLost.
 With `--src NAME=DIR` twice, the tasks run each source tree in turn (old and new code interleaved).
 Every process is killed at the end (process groups); every wait has a deadline.
 """

@@ -29,7 +29,7 @@ from towerflow.cluster import server as _server
 from towerflow.cluster.calls import endpoint as _calls
 from towerflow.devices import logical as _logical
 from towerflow.devices.spec import DeviceLike, DeviceSpec
-from towerflow.errors import ClusterError, RemoteError
+from towerflow.errors import ClusterError, ConnectionLost, PeerLost, RemoteError
 
 try:  # ships functions defined in __main__ (or lambdas) by value; optional
     import cloudpickle as _cloudpickle
@@ -145,9 +145,11 @@ class RemoteFuture:
                 server, task = self._watch
                 server.wait_watching(self._future, task=task)
             value = self._future.wait()
+        except ConnectionLost as e:  # the task is gone
+            raise PeerLost(f"remote call to {self.task} failed: {e}", task=self.task, incarnation=e.incarnation) from None
         except ClusterError:
             raise
-        except Exception as e:  # the call itself failed: task gone, timeout
+        except Exception as e:  # the call itself failed: timeout
             raise ClusterError(f"remote call to {self.task} failed: {e}", task=self.task) from None
         if isinstance(value, _Failure):
             raise value.exception()

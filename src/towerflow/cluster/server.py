@@ -34,7 +34,7 @@ from towerflow.cluster.membership.rendezvous import Rendezvous, say, task_name
 from towerflow.cluster.store.stores import host_rendezvous
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterError, ClusterSpecError, PeerLostError
+from towerflow.errors import ClusterError, ClusterSpecError, PeerLost
 
 __all__ = ["Server", "current", "host_rendezvous"]
 
@@ -248,11 +248,11 @@ class Server:
         return self.membership.wait_for_restart(job, index, lost, cause, timeout, alive_ok, beats_before)
 
     def check_peers(self, seen: dict, serving: Sequence[str] = ()) -> None:
-        """Raise PeerLostError when another running task failed or went silent (Membership.check_peers)."""
+        """Raise PeerLost when another running task failed or went silent (Membership.check_peers)."""
         self.membership.check_peers(seen, serving)
 
     def peer_watch(self, serving: Sequence[str] = ()) -> Callable[[], None]:
-        """A check to call repeatedly while waiting on others by other means: it raises PeerLostError naming
+        """A check to call repeatedly while waiting on others by other means: it raises PeerLost naming
         a task that failed or went silent (`Membership.check_peers`, with its memory of heartbeats)."""
         seen: Dict[str, tuple] = {}
         return lambda: self.membership.check_peers(seen, serving)
@@ -266,7 +266,7 @@ class Server:
     def join(self, timeout: Optional[float] = None) -> None:
         """Block until every task of the cluster is done (has called join or exited), then leave.
 
-        Raises PeerLostError naming the task when another task failed, and ClusterTimeoutError
+        Raises PeerLost naming the task when another task failed, and ClusterTimeoutError
         when `timeout` seconds pass first.
         """
         if self._stopped or not self._started:
@@ -282,7 +282,7 @@ class Server:
             self._close(graceful=False)
             c = self.cluster.coordinator()
             lost = "store" if etcd_url.is_etcd_url(self.rendezvous.store_address) else "coordinator"
-            raise PeerLostError(f"{self.name} lost the cluster's {lost} while waiting for the others: {e}",
+            raise PeerLost(f"{self.name} lost the cluster's {lost} while waiting for the others: {e}",
                                 task=task_name(c.job, c.task)) from None
         self._close(graceful=True)
 

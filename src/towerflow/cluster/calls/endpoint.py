@@ -7,7 +7,6 @@ cluster's size (docs/scaling.md). Measured choices: docs/benchmarks.md, "Messagi
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Optional
 
 import torch
@@ -83,13 +82,6 @@ def on_socket_thread() -> bool:
     """Whether the calling thread is this process's messaging thread (which runs `deferred` functions and must
     not wait on a reply)."""
     return _current is not None and _current.is_socket_thread()
-
-
-def is_peer_lost(error: BaseException) -> bool:
-    """Whether a failed call failed because the other task is gone (its process ended, its host went
-    away, or it was replaced by a restarted incarnation), rather than because the called function raised."""
-    events = sys.modules.get("towerflow.cluster.calls.connection_events")  # not imported: no call was made, none was lost
-    return isinstance(error, _shm_link.LinkClosed) or (events is not None and isinstance(error, events.PeerGone))
 
 
 def _serving(to: str):

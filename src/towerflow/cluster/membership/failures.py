@@ -1,7 +1,7 @@
 """Why a task stopped, recorded once, where its launcher and the other tasks can read it.
 
 A task that dies of an uncaught exception records a `FailureRecord`: its own error (with its
-traceback), or a consequence of losing another task (`PeerLostError`, a remote call or gloo
+traceback), or a consequence of losing another task (`PeerLost`, a remote call or gloo
 connection that a gone peer closed). The record is made *before* the task lets go of anything
 the others depend on, and the cluster's store numbers it (`failures/count`): whatever a failure
 makes go wrong elsewhere is recorded after it, so the first failure is the own failure with the
@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.spec import split_address
-from towerflow.errors import ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterTimeoutError, ConnectionLost, PeerLost
 
 ENV_ERROR_FILE = _taskenv.ENV_ERROR_FILE
 BOARD_TIMEOUT = 5.0  # seconds the store gets to answer a failing task (it may be gone too)
@@ -100,12 +100,12 @@ def cause_of(error: BaseException) -> Optional[str]:
     error is the task's own. Follows explicit `raise ... from` links."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, PeerLostError):
+        if _is_transport(error):  # the call's own sentence names the peer
+            return ""
+        if isinstance(error, PeerLost):
             return error.task or ""
         if isinstance(error, ClusterTimeoutError) and error.missing:  # it waited for tasks that never came
             return error.missing[0]
-        if _is_transport(error):
-            return ""
         seen.add(id(error))
         error = error.__cause__
     return None
@@ -308,12 +308,8 @@ _GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
 
 def _is_transport(error: BaseException) -> bool:
     """Whether a call, a same-host link or a collective failed because a peer went away (not the task's own
-    error). None can fail without torch, and the launcher reads failure reports without it."""
-    if "torch" not in sys.modules:
-        return False
-    from towerflow.cluster.calls import endpoint
-
-    return endpoint.is_peer_lost(error) or _is_group_peer_lost(error)
+    error)."""
+    return isinstance(error, ConnectionLost) or _is_group_peer_lost(error)
 
 
 def _is_group_peer_lost(error: BaseException) -> bool:

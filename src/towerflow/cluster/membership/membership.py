@@ -21,7 +21,7 @@ from towerflow.cluster.calls import endpoint as _calls
 from towerflow.cluster.calls.names import call_name
 from towerflow.cluster.membership.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLost
 
 ALIVE_BEATS = 3  # beats of a lost incarnation that show it lives on (`wait_for_restart(alive_ok=True)`)
 
@@ -92,7 +92,7 @@ class Membership:
         wait began, or since the caller read `beats_before` with `beat_count`: a new incarnation beats once before it
         names itself, a dead one at most once more): it lives, only a connection to it was lost (cut off, or a
         stall), and the caller connects again.
-        Raises PeerLostError at once when the launcher will not restart it (no restarts left: a job that
+        Raises PeerLost at once when the launcher will not restart it (no restarts left: a job that
         allows none ends on a lost connection as on a lost task), and ClusterTimeoutError when it is not
         back within `timeout` (default: heartbeat + join timeouts, and no limit while another task stands in for it).
         """
@@ -112,8 +112,8 @@ class Membership:
             if incarnation >= self.max_restarts:
                 failed = _failures.failure_of(self._store, job, index)
                 if failed is not None:  # it stopped on an error: that is the news
-                    raise PeerLostError(f"{self.name} lost {name}, which {failed.summary}", task=name)
-                raise PeerLostError(
+                    raise PeerLost(f"{self.name} lost {name}, which {failed.summary}", task=name)
+                raise PeerLost(
                     f"{self.name} lost {name} ({cause}), and it will not be restarted ({incarnation} of "
                     f"{self.max_restarts} restarts used). Launch with --max-restarts N: the launcher then restarts a "
                     "lost task and training goes on.",
@@ -250,7 +250,7 @@ class Membership:
                 f"the wait includes {_taskenv.ENV_JOIN_TIMEOUT}={self.join_timeout:g} s for it to come back)"
                 if may_restart else f"{self.heartbeat_timeout:g} s"
             )
-            raise PeerLostError(
+            raise PeerLost(
                 f"{name} at {self.cluster.task_address(t.job, t.task)} stopped answering: no heartbeat for "
                 f"{waited} and it never finished. It was killed or is hung; restart the cluster, or launch with "
                 f"--max-restarts N so the launcher restarts it (the wait is {_taskenv.ENV_HEARTBEAT_TIMEOUT}).",
@@ -260,7 +260,7 @@ class Membership:
     # --- watching while waiting --------------------------------------------------------------
 
     def check_peers(self, seen: Dict[str, tuple], serving: Sequence[str] = ()) -> None:
-        """Raise PeerLostError when another task that has not finished failed, or has stopped beating
+        """Raise PeerLost when another task that has not finished failed, or has stopped beating
         for longer than it could take to come back. Call it repeatedly with the same `seen` dict while
         waiting on other tasks, so that a dead one ends the wait instead of hanging it. Tasks of the
         jobs in `serving` (a worker waiting on the ps) are watched even once done; tasks another one stands in
@@ -269,7 +269,7 @@ class Membership:
         running = [t for t in self.cluster.tasks() if (t.job, t.task) != (rv.job, rv.index) and (
                    t.job in serving or (t.job, t.task) not in done) and (t.job, t.task) not in stood_in]
         for failed in self.failures_of(running):
-            raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
+            raise PeerLost(f"{failed.task} {failed.summary}", task=failed.task)
         self.check_heartbeats(running, seen)
 
     def wait_watching(self, future, serving: Sequence[str] = (), task: Optional[tuple] = None, every: float = 1.0) -> None:
@@ -286,7 +286,7 @@ class Membership:
     def wait_until_all_done(self, timeout: Optional[float]) -> None:
         """The end barrier: return once every task is done and the cluster's end is decided (ending.py).
 
-        Raises PeerLostError naming a task that failed for good or went silent, and
+        Raises PeerLost naming a task that failed for good or went silent, and
         ClusterTimeoutError when `timeout` seconds pass first.
         """
         rv = self.rendezvous
@@ -296,7 +296,7 @@ class Membership:
         while True:
             for failed in self.failures_of(tasks):
                 rv.mark("left")  # lets a failed coordinator stop waiting for us
-                raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
+                raise PeerLost(f"{failed.task} {failed.summary}", task=failed.task)
             done = self.done_tasks()
             missing = [t for t in tasks if (t.job, t.task) not in done]
             if not missing and _ending.try_end(self._store, [rv.key("done", t.job, t.task) for t in tasks]):

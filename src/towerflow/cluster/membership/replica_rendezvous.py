@@ -15,7 +15,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from towerflow.cluster.store import c10d as _c10d
-from towerflow.errors import ClusterError, ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterError, ClusterTimeoutError, PeerLost
 
 _POLL = 0.05
 _SAY_EVERY = 5.0
@@ -160,7 +160,7 @@ class Heartbeat:
     def _lost(self, rank: int, silent: float) -> None:
         from towerflow.cluster.membership import failures
 
-        error = PeerLostError(
+        error = PeerLost(
             f"{self.names[rank]} stopped answering: no heartbeat for {silent:.0f} s and it never finished (killed, "
             "hung, or its host cut off). The all-reduce cannot go on without it; this replica exits. Launch with "
             "--max-restarts N to restart the replicas from the newest checkpoint (the wait is "

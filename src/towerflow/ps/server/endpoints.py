@@ -1,4 +1,4 @@
-"""The ps service's wire API: what a worker calls on a ps task (through `cluster.transport`).
+"""The ps service's wire API: what a worker calls on a ps task (through `cluster/calls/endpoint.py`).
 
 Every function takes the model's name first (one ps process may hold several models) and the
 requests and replies of `ps/messages.py`. A ps process keeps its `ShardService`s in this module's

@@ -24,7 +24,7 @@ import torch
 
 from towerflow.cluster.link import shm_link
 from towerflow.cluster.link import shm_ring
-from towerflow.errors import ParameterServerError
+from towerflow.errors import ConnectionLost, ParameterServerError
 from towerflow.ps.messages import PUSH_KINDS, Ticket
 from towerflow.ps.replication_messages import MIRROR_HOLD_BYTES, REFRESH_OPS, PushOp, ReplicaFrame
 
@@ -99,7 +99,7 @@ class LinkSender:
                 raise ParameterServerError(f"the backup's mirror of /job:ps/task:{frame.primary}'s part of "
                                            f"{frame.model!r} takes no more ops from {frame.sender} (it was promoted)")
             if self.link.peer_gone():
-                raise shm_link.LinkClosed("the link's server is gone (its pipe hung up)")
+                raise ConnectionLost("the link's server is gone (its pipe hung up)")
             self.ring_ops += 1
             return _RING_HELD
         slot = self._next

@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLost
 from towerflow.ps.replication_messages import DropOp, PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes
 from towerflow.ps.server.fresh_seeds import FreshSeeds
 from towerflow.ps.server.own_connections import OwnConnections
@@ -293,7 +293,7 @@ class Replicator:
                 while True:
                     try:
                         back = self._wait_for_restart(self.backup_task, lost_name, cause)
-                    except PeerLostError as e:
+                    except PeerLost as e:
                         self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} will not be back "
                                   f"({e}); /job:ps/task:{self.task}'s part stays unreplicated")
                         return

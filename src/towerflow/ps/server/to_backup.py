@@ -2,7 +2,7 @@
 a fenced primary does.
 
 `replication.py` is the protocol with its connections injected; this module injects this ps task's:
-remote calls through `cluster.transport`, a same-host link and ring for a link thread's pushes
+remote calls through `cluster/calls/endpoint.py`, a same-host link and ring for a link thread's pushes
 (`mirror_link.py`), the store's compare-and-set for the "goes on alone" mark. A part is fed from the task
 that serves it: its own primary, or the backup serving it while promoted (`endpoints.promote`), whose ops
 then go on to the next ps task round the ring.
@@ -17,6 +17,7 @@ from typing import Optional
 from towerflow.cluster import server as _server
 from towerflow.cluster.link import shm_link as _shm_link
 from towerflow.cluster.calls import endpoint as _calls
+from towerflow.errors import ConnectionLost
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import PROMOTED, ReplicaFrame, move_key, unreplicated_key
 from towerflow.ps.server import mirror_link as _mirror_link
@@ -42,7 +43,7 @@ def replicate(model: str, task: int, service: ShardService, backup_task: int, re
             model, task, sender, backup_task, service._lock,
             lambda: _snapshot.take(service),
             lambda to, frame: _calls.call_async(to, Endpoints.replicate, args=(frame,)),
-            _calls.is_peer_lost,
+            lambda error: isinstance(error, ConnectionLost),
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause, alive_ok=True),
             direct=_direct_sender(server, model, task, serving, backup_task, service, sender), max_lag=max_lag,
             own_push=own_push,

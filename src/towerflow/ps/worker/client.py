@@ -4,7 +4,7 @@
 strategy's needs (set the shards up, one training step, finish) into calls of the ps's
 endpoints, named by `messages.Endpoints`, all ps tasks at once. It keeps this worker's clock
 (pushes sent), the global step it last read, and the counters `metrics()` reports. A call to a
-ps task that is gone raises `PSLost`; what to do then is `recovery.py`'s job, not this module's.
+ps task that is gone raises `PSTaskLost`; what to do then is `recovery.py`'s job, not this module's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 
 from towerflow.cluster.membership import membership as _membership
 from towerflow.cluster.calls import endpoint as _calls
-from towerflow.errors import ParameterServerError
+from towerflow.cluster.calls.names import lost_task
+from towerflow.errors import ConnectionLost, ParameterServerError, PSTaskLost
 from towerflow.ps.layout import Layout
 from towerflow.ps.worker import linked
 from towerflow.ps.worker import reshard as _reshard
@@ -30,25 +31,22 @@ from towerflow.ps.replication_messages import backup_for, ps_hosts
 from towerflow.ps.tables import TableSpec
 
 
-class PSLost(Exception):
-    """A call to a ps task failed because that task is gone (`Recovery.guarded` catches it and recovers)."""
-
-    def __init__(self, task: int, name: str, error: BaseException):
-        super().__init__(f"/job:ps/task:{task} (call name {name}) is gone: {error}")
-        self.task, self.name, self.error = task, name, error
+def ps_task_lost(part: int, name: str, reason: str) -> PSTaskLost:
+    """The error of a call to a ps task that is gone (`Recovery.guarded` catches it and recovers): the part of ps
+    task `part`, served by the incarnation called `name` (the part's own, or its promoted backup)."""
+    task, incarnation = lost_task(name)
+    return PSTaskLost(part, name, reason, task, incarnation)
 
 
 @contextlib.contextmanager
 def _lost_as_pslost(ch: Channel) -> Iterator[None]:
-    """A call, send or wait that failed because the channel's ps task is gone raises PSLost (the rest as is)."""
+    """A call, send or wait that failed because the channel's ps task is gone raises PSTaskLost (the rest as is)."""
     try:
         yield
     except PartMoved as e:
-        raise PSLost(ch.task, ch.to, e) from e
-    except RuntimeError as e:
-        if _calls.is_peer_lost(e):
-            raise PSLost(ch.task, ch.via or ch.to, e) from e  # the task lost: the part's own, or its promoted backup
-        raise
+        raise ps_task_lost(ch.task, ch.to, str(e)) from e
+    except ConnectionLost as e:  # the task lost: the part's own, or its promoted backup
+        raise ps_task_lost(ch.task, ch.via or ch.to, str(e)) from e
 
 
 class _FlatStep:
@@ -175,7 +173,7 @@ class PSClient:
 
     # ---- calls
     def call(self, ch: Channel, fn: Endpoint, *args: Any):
-        """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSLost."""
+        """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSTaskLost."""
         with _lost_as_pslost(ch):
             return _calls.call_async(ch.via or ch.to, fn, args=(ch.key or self.model_name, *args))
 
@@ -224,7 +222,7 @@ class PSClient:
             return future.wait()
 
     def _watch(self) -> Callable[[], None]:
-        """A check for a wait on the ps: raises PeerLostError for a task that failed or went silent, and PSLost
+        """A check for a wait on the ps: raises PeerLost for a task that failed or went silent, and PSTaskLost
         for a ps task restarted since this worker last called it. A sync round waits on ps task 0 for a worker
         that is itself waiting for the chief to restore ps task 1: the chief has to learn of that restart even
         when none of its own calls saw the loss."""
@@ -235,7 +233,7 @@ class PSClient:
             for ch in self.channels:
                 now = self.server.call_name_of("ps", ch.task)
                 if now != ch.to:
-                    raise PSLost(ch.task, ch.to, RuntimeError(f"it was restarted (now {now})"))
+                    raise ps_task_lost(ch.task, ch.to, f"it was restarted (now {now})")
         return check
 
     def on_all(self, fn: Endpoint, *args: Any) -> List[Any]:

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from towerflow.cluster.calls import endpoint as _calls
 from towerflow.cluster.calls.names import call_name
+from towerflow.errors import ConnectionLost
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import MirrorState, backup_of, ps_hosts, unreplicated_key
 
@@ -100,7 +101,5 @@ def _mirror_state(server, model: str, primary: int, backup: int) -> Optional[Mir
     try:
         server.wait_watching(future, serving=("ps",))
         return future.wait()
-    except RuntimeError as e:
-        if _calls.is_peer_lost(e):
-            return None
-        raise
+    except ConnectionLost:
+        return None
