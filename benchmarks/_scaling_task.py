@@ -66,12 +66,12 @@ def _timed(obj, name: str, into: dict) -> None:
 
 
 def _control(cfg: dict):
-    from towerflow.cluster import transport
+    from towerflow.cluster.store import c10d
 
     host, port = cfg["store"].rsplit(":", 1)
     # opened before the Server joins, and given long to answer: 128 of them opened at once, the moment the
     # cluster was up, did not all get an answer within connect_store's default 10 s on this 2-core machine
-    return transport.prefix_store("towerflow", transport.connect_store(host, int(port), cfg["join_timeout"],
+    return c10d.prefix_store("towerflow", c10d.connect_store(host, int(port), cfg["join_timeout"],
                                                                         answer_within=cfg["join_timeout"]))
 
 
@@ -86,9 +86,9 @@ def run_task(cfg: dict, rank: int) -> None:
     os.environ.update(cfg["env"])
     import torch
 
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
     from towerflow.cluster.server import Server
-    from towerflow.errors import PeerLostError
+    from towerflow.errors import PeerLost
 
     torch.set_num_threads(1)
     job, index = ("ps", 0) if rank == 0 else ("worker", rank - 1)
@@ -123,16 +123,16 @@ def run_task(cfg: dict, rank: int) -> None:
         if job == "ps":
             server.join()  # what a ps does: the end barrier, watching every task until all are done
         else:
-            ps = server.rpc_name_of("ps", 0)
+            ps = server.call_name_of("ps", 0)
             x = torch.zeros(cfg["fanin_floats"])
             server.wait_watching(_event_future(went[FANIN]), serving=("ps",))
             lat = end["lat"]
             while not went[WATCH].is_set():
                 t = time.perf_counter()
-                transport.call_async(ps, echo, args=(x,)).wait()
+                endpoint.call_async(ps, echo, args=(x,)).wait()
                 lat.append(time.perf_counter() - t)
             server.wait_watching(torch.futures.Future(), serving=("ps",))  # until a peer is lost
-    except PeerLostError as e:
+    except PeerLost as e:
         end.update(detected=time.time(), lost=e.task, error=str(e)[:300])
     end.update(marks=marks, calls_by_kind=dict(counted.calls), cpu_end=_cpu(),
                checks=timings.get("check_peers", []), end=time.time())

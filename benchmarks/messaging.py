@@ -85,8 +85,8 @@ def _serve_bare(port_file: str) -> None:
 
 
 def _serve_towerflow(port_file: str, mode: str) -> None:
-    from towerflow.cluster import messaging
-    from towerflow.cluster.wire_security import WireSecurity
+    from towerflow.cluster.calls import messaging
+    from towerflow.cluster.calls.wire_security import WireSecurity
 
     messaging.deferred(_answer)
     messaging.quick(_small_quick)
@@ -145,8 +145,8 @@ def _bare_client(address: str, nbytes: int) -> float:
 
 
 def _towerflow_client(address: str, nbytes: int, mode: str, direct: bool, fn=_answer) -> float:
-    from towerflow.cluster import messaging
-    from towerflow.cluster.wire_security import WireSecurity
+    from towerflow.cluster.calls import messaging
+    from towerflow.cluster.calls.wire_security import WireSecurity
 
     endpoint = messaging.Endpoint(f"client{os.getpid()}", "127.0.0.1", WireSecurity(mode, "bench"),
                                   lambda name: address, 30.0)
@@ -229,8 +229,8 @@ def _fanin_client(contender: str, address: str, seconds: float, gate: str) -> fl
         ctx.term()
         return n
     if contender.startswith("towerflow"):
-        from towerflow.cluster import messaging
-        from towerflow.cluster.wire_security import WireSecurity
+        from towerflow.cluster.calls import messaging
+        from towerflow.cluster.calls.wire_security import WireSecurity
 
         endpoint = messaging.Endpoint(f"client{os.getpid()}", "127.0.0.1", WireSecurity("authenticate", "bench"),
                                       lambda name: address, 30.0)

@@ -47,7 +47,7 @@ WIRE_ENVS = {
     # what towerflow launch gives a ps cluster: huge pages for CPU tensors >= 2 MB, glibc's mmap threshold
     # fixed at 32 MB with 256 MB of freed memory kept, and TensorPipe's TCP transport only
     "tuned": {},  # includes the same-host shared-memory link for the steps
-    "rpc": {"TOWERFLOW_PS_LINK": "rpc"},  # the launcher's settings, steps over RPC (what "tuned" was before the same-host link)
+    "rpc": {"TOWERFLOW_PS_LINK": "zmq"},  # the launcher's settings, steps over RPC (what "tuned" was before the same-host link)
     "thp": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "1"},  # huge pages only (what the launcher gave before 2026-11-22 13:50)
     "plain": {**_SYSTEM, "THP_MEM_ALLOC_ENABLE": "0"},  # the system's allocator as it is
     # TensorPipe's default transports, shm (busy-polling reactor) included, with huge pages: what tasks got
@@ -175,13 +175,13 @@ def part_wire(strategy, out: dict, burst: int = 4) -> None:
     back-to-back ops each: the ratio of throughput is taken over the ops after the first of a block
     (sustained, as a training loop calls it), `cold_ratio` over the first ones (after the other
     side's block and the CPU accounting RPCs, the measure of runs before 2026-11-22 14:30 UTC)."""
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
 
     me = _by_name()
-    port = transport.call_async("ps:0", me._start_echo).wait()
+    port = endpoint.call_async("ps:0", me._start_echo).wait()
 
     def usage():  # worker + ps: CPU seconds, page faults, reactor CPU seconds
-        here, there = _rusage(), transport.call_async("ps:0", me._rusage).wait()
+        here, there = _rusage(), endpoint.call_async("ps:0", me._rusage).wait()
         return tuple(a + b for a, b in zip(here, there))
 
     rows = []
@@ -238,19 +238,19 @@ def _hand_loop(model: nn.Module, steps: int, lr: float) -> float:
     """The minimal loop: pull the flat values, load them, forward/backward, push the flat gradient."""
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
 
     me = _by_name()
-    transport.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(), lr)).wait()
+    endpoint.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(), lr)).wait()
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
     loss_fn = nn.CrossEntropyLoss()
 
     def one():
-        values = transport.call_async("ps:0", me._hand_pull).wait()
+        values = endpoint.call_async("ps:0", me._hand_pull).wait()
         vector_to_parameters(values, model.parameters())
         model.zero_grad()
         loss_fn(model(x), y).backward()
-        transport.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
+        endpoint.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
 
     for _ in range(3):
         one()
@@ -293,9 +293,9 @@ def part_loops(strategy, out: dict) -> None:
         ps_prefetch = _strategy_loop(strategy, f"{label}-prefetch", build(), steps, 0.01, prefetch=True)
         rows.append({"model": label, "hand_steps_s": hand, "ps_steps_s": ps_plain, "ps_prefetch_steps_s": ps_prefetch,
                      "speedup": ps_prefetch / hand})
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
 
-    ps_rss = transport.call_async("ps:0", _by_name()._max_rss_kb).wait()
+    ps_rss = endpoint.call_async("ps:0", _by_name()._max_rss_kb).wait()
     for r in rows:  # peak resident memory of the worker and the ps over the whole part
         r["worker_max_rss_kb"], r["ps_max_rss_kb"] = _max_rss_kb(), ps_rss
     out["loops"] = rows

@@ -10,13 +10,13 @@ The issue's setup: an MLP 64-256-256-10 on scikit-learn's 8x8 digits, batch 32 p
 * one_process: the plain PyTorch loop (zero_grad, forward, backward, step), one process.
 * rpc_loop: 1 ps + 2 workers; each step pulls the flat values, computes, pushes the flat gradient,
   each a `torch.distributed.rpc` call to a function on the ps (the naive loop towerflow should beat).
-* ps_rpc: towerflow's async ParameterServerStrategy, 1 ps + 2 workers, TOWERFLOW_PS_LINK=rpc.
+* ps_rpc: towerflow's async ParameterServerStrategy, 1 ps + 2 workers, TOWERFLOW_PS_LINK=zmq.
 * ps_shm: the same with the same-host shared-memory link (the default on one host).
 * ps_shm_prefetch: ps_shm with prefetch=True (next values pulled while the worker computes).
 * ps_hosts, ps_hosts_auth: 1 ps + 2 workers on three network-namespace hosts (root), encrypted (the
   default across hosts) and authenticated only.
 * ps_rpc_before, ps_hosts_before, ps_hosts_before_tcp: the tree of --before-src (torch.distributed.rpc):
-  on one host with TOWERFLOW_PS_LINK=rpc; across the namespace hosts; and across them with TensorPipe's
+  on one host with TOWERFLOW_PS_LINK=zmq; across the namespace hosts; and across them with TensorPipe's
   tensors over TCP instead of CMA, as between machines (see _on_hosts).
 * zmq_bare_local, zmq_bare_hosts: the ceiling, a ps written directly on pyzmq (no towerflow, no authentication,
   one zero-copy frame each way), on loopback and on the three namespace hosts (_bare_zmq_ps.py).
@@ -172,21 +172,21 @@ def one_process(steps: int, warmup: int) -> dict:
 def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
 
     me = _by_name()
     torch.manual_seed(0)
     model = mlp()
-    transport.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(),)).wait()
+    endpoint.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(),)).wait()
     loss_fn = nn.CrossEntropyLoss()
     data = batches(worker)
 
     def one():
         x, y = next(data)
-        vector_to_parameters(transport.call_async("ps:0", me._hand_pull).wait(), model.parameters())
+        vector_to_parameters(endpoint.call_async("ps:0", me._hand_pull).wait(), model.parameters())
         model.zero_grad()
         loss_fn(model(x), y).backward()
-        transport.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
+        endpoint.call_async("ps:0", me._hand_push, args=(parameters_to_vector([p.grad for p in model.parameters()]),)).wait()
 
     for _ in range(warmup):
         one()
@@ -197,7 +197,7 @@ def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
 
 
 def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch: bool) -> dict:
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
     try:
         from towerflow.ps.worker import channel
     except ImportError:  # --before-src, as above
@@ -235,13 +235,13 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
         step_s += time.perf_counter() - t1
 
     if worker == 0:
-        transport.call_async("ps:0", me._ps_instrument).wait()
+        endpoint.call_async("ps:0", me._ps_instrument).wait()
     for _ in range(warmup):
         one()
     compute = step_s = pack["s"] = 0.0
     wait0 = strategy.client._pull_wait_s
-    ps0 = transport.call_async("ps:0", me._ps_timers_now).wait() if worker == 0 else None
-    ps_u0 = transport.call_async("ps:0", me._ps_usage).wait() if worker == 0 else None
+    ps0 = endpoint.call_async("ps:0", me._ps_timers_now).wait() if worker == 0 else None
+    ps_u0 = endpoint.call_async("ps:0", me._ps_usage).wait() if worker == 0 else None
     u0 = _usage()
     t0 = time.time()
     for _ in range(steps):
@@ -250,8 +250,8 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
     out = {"steps": steps, "start": t0, "end": end, "linked": any(ch.link is not None for ch in strategy.client.channels)}
     if worker == 0:
         u1 = _usage()
-        ps1 = transport.call_async("ps:0", me._ps_timers_now).wait()
-        ps_u1 = transport.call_async("ps:0", me._ps_usage).wait()
+        ps1 = endpoint.call_async("ps:0", me._ps_timers_now).wait()
+        ps_u1 = endpoint.call_async("ps:0", me._ps_usage).wait()
         wait = strategy.client._pull_wait_s - wait0
         wall = end - t0
         out["per_step_us"] = {k: v / steps * 1e6 for k, v in {
@@ -285,7 +285,7 @@ def in_cluster(args) -> None:
 def run_one(contender: str, args, out_dir: str) -> dict:
     src = args.before_src if "_before" in contender else os.path.join(REPO, "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PS_STEP_MODEL": args.model,
-           "TOWERFLOW_PS_LINK": "rpc" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
+           "TOWERFLOW_PS_LINK": "zmq" if contender in ("ps_rpc", "ps_rpc_before") else "shm"}
     if contender.startswith("zmq_bare"):
         from _bare_zmq_ps import run
 

@@ -13,7 +13,7 @@ launcher's token and TOWERFLOW_STORE) each create a `towerflow.Server`. Measured
   heartbeats (the counters' growth, read in the store: under 1 beat/s per task means CPU starvation),
   each task's and the store host's CPU, the machine's, a side client's get latency, memory (RSS, USS);
 * fan-in (`--fanin` s): every worker calls the ps in a loop (one 1 KB call in flight each): calls/s, latency;
-* detection: the last worker is SIGKILLed; how long until each other task raises PeerLostError.
+* detection: the last worker is SIGKILLed; how long until each other task raises PeerLost.
 With `--src NAME=DIR` twice, the tasks run each source tree in turn (old and new code interleaved).
 Every process is killed at the end (process groups); every wait has a deadline.
 """
@@ -83,7 +83,7 @@ def _latencies(store, seconds: float, key: str = "coordinator") -> List[float]:
 
 
 def one_run(n: int, src: str, args, tmp: Path) -> dict:
-    from towerflow.cluster import transport
+    from towerflow.cluster.store import c10d
     from towerflow.cluster.ports import LOOPBACK, PortReservation
 
     held = PortReservation(n + 1)  # closed when this run returns
@@ -108,7 +108,7 @@ def one_run(n: int, src: str, args, tmp: Path) -> dict:
         if host.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the store host did not start: {(tmp / 'store.err').read_text()[-2000:]}")
         host_ps = psutil.Process(host.pid)
-        client = transport.prefix_store("towerflow", transport.connect_store(LOOPBACK, ports[0], args.run_timeout))
+        client = c10d.prefix_store("towerflow", c10d.connect_store(LOOPBACK, ports[0], args.run_timeout))
         out["probe_idle"] = _latencies(client, 1.0)
         host_cpu0 = _cpu([host_ps])[0]
         t0 = time.time()
@@ -192,11 +192,11 @@ def one_run(n: int, src: str, args, tmp: Path) -> dict:
 def store_costs(keys: int = 2000, rounds: int = 20) -> Dict[str, float]:
     """What one TCPStore call and one key of a batched call cost, on a store served from this process
     (µs of wall time per call and per key: the figure the extrapolation to 1,000 hosts uses)."""
-    from towerflow.cluster import transport
+    from towerflow.cluster.store import c10d
     from towerflow.launch.local import LOOPBACK
 
-    host = transport.host_store(transport.listen(LOOPBACK, 0), 30)
-    client = transport.connect_store(LOOPBACK, host.port, 30)
+    host = c10d.host_store(c10d.listen(LOOPBACK, 0), 30)
+    client = c10d.connect_store(LOOPBACK, host.port, 30)
     names = [f"beat/worker/{i}" for i in range(keys)]
     for k in names:
         client.add(k, 1)

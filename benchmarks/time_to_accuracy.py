@@ -130,17 +130,17 @@ def _hand_push(grad: torch.Tensor) -> None:
 def rpc_loop_step(model):
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    from towerflow.cluster import transport
+    from towerflow.cluster.calls import endpoint
 
     me = _by_name()
-    transport.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(),)).wait()
+    endpoint.call_async("ps:0", me._hand_init, args=(parameters_to_vector(model.parameters()).detach(),)).wait()
 
     def step(x, y):
-        vector_to_parameters(transport.call_async("ps:0", me._hand_pull).wait(), model.parameters())
+        vector_to_parameters(endpoint.call_async("ps:0", me._hand_pull).wait(), model.parameters())
         model.zero_grad()
         F.cross_entropy(model(x), y).backward()
         grad = parameters_to_vector([p.grad for p in model.parameters()])
-        transport.call_async("ps:0", me._hand_push, args=(grad,)).wait()
+        endpoint.call_async("ps:0", me._hand_push, args=(grad,)).wait()
 
     return step
 

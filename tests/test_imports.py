@@ -80,14 +80,14 @@ def test_no_module_imports_torch_distributed_rpc_and_only_the_messaging_layer_im
             if any(n == "zmq" or n.startswith("zmq.") for n in names):
                 zmq.append(where)
     assert rpc == []
-    assert sorted(set(zmq)) == ["cluster/connection_events.py", "cluster/direct.py", "cluster/messaging.py",
-                                "cluster/wire_security.py"]
+    assert sorted(set(zmq)) == ["cluster/calls/connection_events.py", "cluster/calls/direct.py",
+                                "cluster/calls/messaging.py", "cluster/calls/wire_security.py"]
 
 
 def test_a_process_that_serves_no_remote_calls_does_not_load_zmq():
     out = _python(
         "import sys, towerflow\n"
-        "import towerflow.strategies.environment, towerflow.cluster.transport, towerflow.cluster.server\n"
+        "import towerflow.strategies.environment, towerflow.cluster.calls.endpoint, towerflow.cluster.server\n"
         "import towerflow.ps.server.endpoints, towerflow.ps.worker.client\n"
         "print('zmq' in sys.modules)\n"
     )

@@ -24,7 +24,9 @@ from towerflow.errors import (
     LaunchError,
     LayoutError,
     ParameterServerError,
-    PeerLostError,
+    ConnectionLost,
+    PeerLost,
+    PSTaskLost,
     PlacementError,
     RemoteError,
     StrategyError,
@@ -68,7 +70,7 @@ __getattr__, __dir__ = _lazy.exports(__name__, _LAZY, _SUBPACKAGES)
 __all__ = [
     "Config", "ConfigError", "configure", "ClusterError", "ClusterJoinError", "ClusterSpecError",
     "ClusterTimeoutError", "DataError", "DeviceSpecError", "LaunchError", "LayoutError", "ParameterServerError",
-    "PeerLostError", "PlacementError", "RemoteError", "StrategyError", "TowerflowError",
+    "ConnectionLost", "PeerLost", "PSTaskLost", "PlacementError", "RemoteError", "StrategyError", "TowerflowError",
 ]
 __all__ += sorted(_LAZY)
 

@@ -87,8 +87,34 @@ class ClusterJoinError(ClusterError):
     """Raised when a task is refused by the cluster: port in use, slot taken, spec or token mismatch."""
 
 
-class PeerLostError(ClusterError):
+class PeerLost(ClusterError):
     """Raised when a task cannot go on because another task (`task`) failed, vanished or stopped answering."""
+
+    def __init__(self, message: str, task: Optional[str] = None, incarnation: Optional[int] = None):
+        super().__init__(message, task)
+        self.incarnation = incarnation  # which incarnation of `task` was lost (0: never restarted), when known
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.task, self.incarnation))
+
+
+class ConnectionLost(PeerLost):
+    """Raised by a call or a same-host link whose other end is gone (its process ended, its host went away, a
+    restarted incarnation replaced it, or it never joined): unlike a plain PeerLost, that task may be back."""
+
+
+class PSTaskLost(PeerLost):
+    """Raised by a worker's call to a ps task that is gone: the part of ps task `part` is then recovered from
+    `name`'s restart or a backup (ps/worker/recovery.py)."""
+
+    def __init__(self, part: int, name: str, reason: str, task: Optional[str] = None, incarnation: Optional[int] = None):
+        super().__init__(f"/job:ps/task:{part} (call name {name}) is gone: {reason}", task, incarnation)
+        self.part = part  # the ps task whose part is lost (its own call name, or its promoted backup's)
+        self.name = name  # the call name of the incarnation that is gone
+        self.reason = str(reason)
+
+    def __reduce__(self):
+        return (type(self), (self.part, self.name, self.reason, self.task, self.incarnation))
 
 
 class ClusterLeftError(ClusterError):

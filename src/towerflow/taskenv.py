@@ -48,7 +48,7 @@ ENV_PS_REPLICAS = "TOWERFLOW_PS_REPLICAS"  # --ps-replicas: copies of each ps ta
 ENV_PS_REPLICA_LAG = "TOWERFLOW_PS_REPLICA_LAG"  # --ps-replica-lag: ops a reply may run ahead of the backup
 ENV_PS_PROMOTE_AFTER = "TOWERFLOW_PS_PROMOTE_AFTER"  # seconds a lost primary's restart is awaited before its backup serves
 ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers keep freed memory for the next step) | system
-ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | rpc (always remote calls)
+ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | zmq (always calls over ZeroMQ)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
 ENV_PROFILE_FROM = "TOWERFLOW_PROFILE_FROM"  # --profile-steps START: profile each task from this global step on
 ENV_PROFILE_STEPS = "TOWERFLOW_PROFILE_STEPS"  # --profile-steps START:COUNT: how many of its steps
@@ -69,10 +69,10 @@ SOCKET_IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKE
 DEFAULT_JOIN_TIMEOUT = 60.0
 DEFAULT_HEARTBEAT_TIMEOUT = 15.0
 DEFAULT_PS_PROMOTE_AFTER = 5.0  # a restarted ps task on a live host is back in 2-5 s (docs/fault-tolerance.md)
-WIRE_SECURITY = ("encrypt", "authenticate")  # cluster/wire_security.py
+WIRE_SECURITY = ("encrypt", "authenticate")  # cluster/calls/wire_security.py
 PS_MODES = ("async", "sync", "ssp")
 MAX_PS_REPLICAS = 2  # a primary and one backup
-PS_LINKS = ("shm", "rpc")
+PS_LINKS = ("shm", "zmq")
 TOWERS_ALLOCATORS = ("keep", "system")
 
 

@@ -42,7 +42,7 @@ def member_argv(name: str, host: str, client_port: int, peer_port: int, cluster:
 def wait_ready(endpoints: Sequence[Tuple[str, int]], timeout: float = READY_TIMEOUT,
                alive: Optional[Callable[[], Optional[str]]] = None) -> None:
     """Poll until a member answers with a leader (a write goes through); AssertionError with why after `timeout`."""
-    from towerflow.cluster.etcd import EtcdClient
+    from towerflow.cluster.store.etcd import EtcdClient
 
     client = EtcdClient(endpoints, deadline=1.0)
     end = time.monotonic() + timeout

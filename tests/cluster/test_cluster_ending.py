@@ -1,11 +1,11 @@
-"""The end of a cluster against a restarted task's rejoin (cluster/ending.py), on a stand-in store:
+"""The end of a cluster against a restarted task's rejoin (cluster/membership/ending.py), on a stand-in store:
 whichever comes second sees the other, at every interleaving of their store calls."""
 
 from __future__ import annotations
 
 import pytest
 
-from towerflow.cluster import ending
+from towerflow.cluster.membership import ending
 from towerflow.cluster.server import Server
 
 DONE = ["done/worker/0", "done/worker/1", "done/ps/0"]

@@ -1,4 +1,4 @@
-"""The cluster's store in a real etcd (cluster/etcd_store.py) on loopback: c10d's semantics, gloo
+"""The cluster's store in a real etcd (cluster/store/etcd_store.py) on loopback: c10d's semantics, gloo
 over it, a lost member, no member at all, the run's keys expiring, a task restarted after they did,
 and a launch that uses it."""
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 GLOO_TASK = """
 import sys
 import torch, torch.distributed as dist
-from towerflow.cluster.etcd_store import EtcdStore
+from towerflow.cluster.store.etcd_store import EtcdStore
 rank, port, prefix = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 store = dist.PrefixStore("group", EtcdStore([("127.0.0.1", port)], prefix, timeout=30))
 dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
@@ -60,7 +60,7 @@ def etcd(free_ports):
 
 
 def _store(cluster, **kwargs):
-    from towerflow.cluster.etcd_store import EtcdStore
+    from towerflow.cluster.store.etcd_store import EtcdStore
 
     return EtcdStore(cluster.endpoints, f"test/{uuid.uuid4().hex}", timeout=kwargs.pop("timeout", 2), **kwargs)
 
@@ -127,8 +127,8 @@ def test_an_add_that_etcd_applied_but_whose_reply_was_lost_is_not_applied_again(
 
 
 def test_no_member_answering_is_a_bounded_named_error(free_ports):
-    from towerflow.cluster.etcd import EtcdUnavailable
-    from towerflow.cluster.etcd_store import EtcdStore
+    from towerflow.cluster.store.etcd import EtcdUnavailable
+    from towerflow.cluster.store.etcd_store import EtcdStore
 
     ports = free_ports(2)
     start = time.monotonic()
@@ -139,7 +139,7 @@ def test_no_member_answering_is_a_bounded_named_error(free_ports):
 
 
 def test_a_run_s_keys_expire_once_its_last_process_lets_go(etcd, monkeypatch):
-    from towerflow.cluster import etcd_store
+    from towerflow.cluster.store import etcd_store
 
     monkeypatch.setattr(etcd_store, "LEASE_TTL", 2)
     cluster = etcd(1)
@@ -162,7 +162,7 @@ def test_a_launch_with_store_meets_in_etcd_and_the_launcher_hosts_nothing(etcd, 
                        "examples/hello_cluster.py", label="launch")
     assert run.wait(90) == 0, run.describe()
     assert run.out.count("Hello, this is") == 3
-    from towerflow.cluster.etcd_store import EtcdStore
+    from towerflow.cluster.store.etcd_store import EtcdStore
     from towerflow.etcd_url import parse_etcd_url
 
     seen = EtcdStore(cluster.endpoints, "towerflow/" + parse_etcd_url(url, "url").prefix, timeout=1)
@@ -198,7 +198,7 @@ def _run_task(procs, spec: dict, job: str, url: str, launch: str, restart: int, 
 
 def _expire_run(cluster, url: str) -> None:
     """What etcd does LEASE_TTL s after a run's last process is gone, at once: the run's keys leave."""
-    from towerflow.cluster.etcd_store import EtcdStore
+    from towerflow.cluster.store.etcd_store import EtcdStore
     from towerflow.etcd_url import parse_etcd_url
 
     run = EtcdStore(cluster.endpoints, "towerflow/" + parse_etcd_url(url, "url").prefix, timeout=1)

@@ -12,8 +12,9 @@ import time
 import pytest
 import torch
 
-from towerflow.cluster import messaging
-from towerflow.cluster.wire_security import AUTHENTICATE, ENCRYPT, WireSecurity
+from towerflow.cluster.calls import messaging
+from towerflow.errors import ConnectionLost
+from towerflow.cluster.calls.wire_security import AUTHENTICATE, ENCRYPT, WireSecurity
 from towerflow.errors import ClusterJoinError, ClusterTimeoutError, RemoteError
 
 _calls_run = []
@@ -153,10 +154,10 @@ def test_a_lost_connection_stays_lost_until_reconnect_opens_a_new_one(endpoints)
     book["server"] = first.address
     assert client.call("server", _echo, (1,), timeout=10).wait()[0] == (1,)
     first.close()
-    with pytest.raises(messaging.PeerGone):
+    with pytest.raises(ConnectionLost):
         client.call("server", _echo, (2,), timeout=10).wait()
     book["server"] = endpoints("server").address  # the same task, reachable again (here: at another address)
-    with pytest.raises(messaging.PeerGone):
+    with pytest.raises(ConnectionLost):
         client.call("server", _echo, (3,), timeout=10).wait()
     client.reconnect("server")
     assert client.call("server", _echo, (4,), timeout=10).wait()[0] == (4,)
@@ -164,7 +165,7 @@ def test_a_lost_connection_stays_lost_until_reconnect_opens_a_new_one(endpoints)
 
 def test_a_call_to_a_name_nobody_published_fails_at_once_as_a_lost_peer(endpoints):
     client = endpoints("client")
-    with pytest.raises(messaging.PeerGone, match="no task named 'ps:0:r3' has joined"):
+    with pytest.raises(ConnectionLost, match="no task named 'ps:0:r3' has joined"):
         client.call("ps:0:r3", _echo).wait()
 
 
@@ -227,15 +228,15 @@ def test_a_call_the_connection_cannot_take_yet_waits_for_it_without_blocking_the
 def test_a_call_after_close_fails_instead_of_waiting(endpoints):
     client = endpoints("client")
     client.close()
-    with pytest.raises(messaging.PeerGone, match="has left the cluster"):
+    with pytest.raises(ConnectionLost, match="has left the cluster"):
         client.call("server", _echo).wait()
 
 
 _PEER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
-    from towerflow.cluster import messaging
-    from towerflow.cluster.wire_security import WireSecurity
+    from towerflow.cluster.calls import messaging
+    from towerflow.cluster.calls.wire_security import WireSecurity
     import test_messaging
     ep = messaging.Endpoint("peer", "127.0.0.1", WireSecurity("authenticate", "t"), lambda n: None, 10.0)
     print(ep.address, flush=True)
@@ -260,9 +261,9 @@ def test_a_killed_peer_fails_the_calls_waiting_on_it_and_the_next_ones(endpoints
         peer.wait(10)
         start = time.monotonic()
         if moment == "waiting on a reply":
-            with pytest.raises(messaging.PeerGone, match="connection from client to peer .* closed"):
+            with pytest.raises(ConnectionLost, match="connection from client to peer .* closed"):
                 waiting.wait()
-        with pytest.raises(messaging.PeerGone, match="peer"):
+        with pytest.raises(ConnectionLost, match="peer"):
             client.call("peer", _echo).wait()
         assert time.monotonic() - start < 5
     finally:
@@ -274,7 +275,7 @@ def test_a_killed_peer_fails_the_calls_waiting_on_it_and_the_next_ones(endpoints
 def test_a_connection_that_cannot_be_opened_fails_its_call_and_the_endpoint_goes_on(endpoints):
     server = endpoints("server")
     client = endpoints("client", book={"server": server.address, "bad": "tcp://127.0.0.1:notaport"})
-    with pytest.raises(messaging.PeerGone, match="could not open a connection to bad at tcp://127.0.0.1:notaport"):
+    with pytest.raises(ConnectionLost, match="could not open a connection to bad at tcp://127.0.0.1:notaport"):
         client.call("bad", _echo, (1,), timeout=10).wait()
     assert client.call("server", _echo, (2,), timeout=10).wait() == ((2,), {})
 
@@ -298,7 +299,7 @@ def test_a_monitor_closed_before_its_socket_after_stop_monitors_blocks_no_connec
     """What a context destroyed with another thread's channel still open may do: close the monitor first, then
     the monitored connection's task dies. After `stop_monitors` (an endpoint's close runs it before the destroy)
     the disconnect goes nowhere and the task's other connections work on; without it every one would hang."""
-    from towerflow.cluster.connection_events import stop_monitors
+    from towerflow.cluster.calls.connection_events import stop_monitors
 
     server, other = endpoints("server"), endpoints("other")
     client = endpoints("client", book={"server": server.address, "other": other.address})

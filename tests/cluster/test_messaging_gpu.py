@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from towerflow.cluster import messaging, wire
-from towerflow.cluster.wire_security import AUTHENTICATE, WireSecurity
+from towerflow.cluster.calls import messaging
+from towerflow.cluster.calls import wire
+from towerflow.cluster.calls.wire_security import AUTHENTICATE, WireSecurity
 
 pytestmark = pytest.mark.gpu
 

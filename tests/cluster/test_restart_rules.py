@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from towerflow.cluster.server import Server, rpc_name
+from towerflow.cluster.calls.names import call_name
+from towerflow.cluster.server import Server
 from towerflow.errors import ClusterError, ClusterJoinError
 
 
@@ -54,11 +55,11 @@ def _server(monkeypatch, restarts=0, max_restarts=0):
 
 
 def test_each_incarnation_has_its_own_call_name(monkeypatch):
-    assert [rpc_name("worker", 1, k) for k in (0, 2)] == ["worker:1", "worker:1:r2"]
+    assert [call_name("worker", 1, k) for k in (0, 2)] == ["worker:1", "worker:1:r2"]
     s = _server(monkeypatch)
-    assert s.rpc_name_of("worker", 0) == "worker:0"
+    assert s.call_name_of("worker", 0) == "worker:0"
     s.rendezvous.store.set("incarnation/worker/0", "3")
-    assert s.rpc_name_of("worker", 0) == "worker:0:r3"
+    assert s.call_name_of("worker", 0) == "worker:0:r3"
 
 
 def test_a_silent_task_that_may_restart_gets_the_join_timeout_on_top(monkeypatch):
@@ -121,7 +122,7 @@ def test_a_lost_incarnation_that_goes_on_beating_lives_on_and_the_caller_connect
     """A connection can be lost while its task lives on (cut off, a stall): no restart will come, so a wait that
     allows it returns the lost name itself once that incarnation has beaten a few times (in a job that allows
     restarts: one that allows none ends on a lost connection as on a lost task, below)."""
-    from towerflow.cluster import membership
+    from towerflow.cluster.membership import membership
 
     monkeypatch.setattr(membership, "BEAT_EVERY", 0.05)
     s = _server(monkeypatch, max_restarts=1)
@@ -132,7 +133,7 @@ def test_a_lost_incarnation_that_goes_on_beating_lives_on_and_the_caller_connect
 
 
 def test_a_silent_lost_incarnation_is_waited_for_and_one_restart_beat_is_not_life(monkeypatch):
-    from towerflow.cluster import membership
+    from towerflow.cluster.membership import membership
 
     monkeypatch.setattr(membership, "BEAT_EVERY", 0.05)
     s = _server(monkeypatch, max_restarts=1)

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from towerflow.cluster import shm_ring
+from towerflow.cluster.link import shm_ring
 
 pytestmark = pytest.mark.skipif(not shm_ring.supported(), reason="the ring's tickets need x86-64's store order")
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from towerflow.cluster import ending
+from towerflow.cluster.membership import ending
 from towerflow.cluster.server import Server
 from towerflow.errors import ClusterError
 
@@ -130,7 +130,7 @@ def test_a_task_another_one_stands_in_for_is_not_waited_for_and_costs_no_store_c
     restarted = Server(s.cluster, "ps", 0, start=False)
     restarted.rendezvous.store = store
     restarted.rendezvous.incarnation = 1
-    monkeypatch.setattr("towerflow.cluster.transport.start_endpoint", lambda *a: None)
+    monkeypatch.setattr("towerflow.cluster.calls.endpoint.start_endpoint", lambda *a: None)
     monkeypatch.setattr(restarted.membership, "_start_heartbeat", lambda: None)
     restarted.membership.join_calls("localhost", None, 15.0)
     assert s.membership.stood_in() == frozenset()

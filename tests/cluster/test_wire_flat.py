@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from towerflow.cluster import wire
+from towerflow.cluster.calls import wire
 
 
 def _step(model, worker, lr, *grads):

@@ -82,7 +82,7 @@ def test_max_restarts_restarts_a_failed_task(launcher, tmp_path):
     run = launcher.python("-m", "towerflow", "launch", "--workers", "1", "--max-restarts", "1", TASK, "flaky", str(tmp_path))
     assert run.wait(60) == 0, run.describe()
     assert re.search(r"/job:worker/task:0 \(pid \d+\) exited with code 5; restarting it \(1 of 1\)", run.err), run.err
-    launches = re.findall(r"\[worker:0\] launch (\S+)", run.out)  # a restart finds its run by it (cluster/ending.py)
+    launches = re.findall(r"\[worker:0\] launch (\S+)", run.out)  # a restart finds its run by it (cluster/membership/ending.py)
     assert len(launches) == 2 and launches[0] == launches[1] != "None", run.out
 
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from towerflow.cluster import transport
+from towerflow.cluster.store import c10d
 from towerflow.launch.local import plan_local
 from towerflow.cluster.ports import LOOPBACK, PortReservation
 
@@ -27,15 +27,15 @@ def test_a_held_port_is_refused_to_others_but_its_task_can_listen_on_it_again_af
     with PortReservation(2) as held:
         port = held.ports[0]
         assert len(set(held.ports)) == 2 and _plain_bind_refused(port)
-        task = transport.listen(LOOPBACK, port)  # the task comes up: it binds and serves
+        task = c10d.listen(LOOPBACK, port)  # the task comes up: it binds and serves
         with socket.create_connection((LOOPBACK, port), timeout=5), task.accept()[0]:
             pass
         with pytest.raises(OSError) as second:  # a second live listener is still refused (a doubled task)
-            transport.listen(LOOPBACK, port)
+            c10d.listen(LOOPBACK, port)
         assert second.value.errno == errno.EADDRINUSE
         task.close()  # the task dies: its port is still held for it, not handed to whoever asks next
         assert _plain_bind_refused(port)
-        transport.listen(LOOPBACK, port).close()  # the restarted task gets it back
+        c10d.listen(LOOPBACK, port).close()  # the restarted task gets it back
 
 
 def test_the_kernel_does_not_hand_a_held_port_to_someone_asking_for_any_free_port():

@@ -13,7 +13,9 @@ import pytest
 
 from towerflow import taskenv
 from towerflow.cli import main
-from towerflow.cluster import addresses, gather, transport
+from towerflow.cluster import addresses
+from towerflow.cluster.store import c10d
+from towerflow.cluster.membership import gather
 from towerflow.cluster.environment import read_task
 from towerflow.cluster.schedulers import Resolved, resolve
 from towerflow.errors import ClusterTimeoutError
@@ -163,7 +165,7 @@ def test_a_rank_without_a_port_gets_one_that_stays_its_own(free_ports):
     assert got.cluster["ps"][0].endswith(f":{port}"), got.cluster
     with socket.socket() as other, pytest.raises(OSError):
         other.bind(("127.0.0.1", port))  # another program asking for this port is refused
-    transport.listen("127.0.0.1", port).close()  # the task itself can listen on it
+    c10d.listen("127.0.0.1", port).close()  # the task itself can listen on it
 
 
 def test_a_rank_that_never_comes_is_named(free_ports):

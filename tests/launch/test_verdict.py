@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch.distributed as dist
 
-from towerflow.cluster import failures
-from towerflow.cluster.failures import FailureRecord, FailureReport
-from towerflow.cluster.connection_events import PeerGone
-from towerflow.errors import ClusterTimeoutError, DataError, PeerLostError
+from towerflow.cluster.membership import failures
+from towerflow.cluster.membership.failures import FailureRecord, FailureReport
+from towerflow.cluster.calls.connection_events import peer_lost
+from towerflow.errors import ClusterTimeoutError, ConnectionLost, DataError, PeerLost
 from towerflow.launch import verdict
 
 TB = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nRuntimeError: boom\n'
@@ -43,8 +43,8 @@ def test_a_record_and_a_report_survive_json(tmp_path):
 @pytest.mark.parametrize("error, cause", [
     (RuntimeError("injected failure"), None),
     (DataError("--data '/x' is not a folder"), None),
-    (PeerLostError("/job:ps/task:0 failed: RuntimeError: boom", task=PS), PS),
-    (PeerGone("the connection from worker:0 to ps:0 at tcp://127.0.0.1:1 closed: its process ended", "ps:0"), ""),
+    (PeerLost("/job:ps/task:0 failed: RuntimeError: boom", task=PS), PS),
+    (peer_lost("the connection from worker:0 to ps:0 at tcp://127.0.0.1:1 closed: its process ended", "ps:0"), ""),
     (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:1: Connection reset by peer"), ""),
     (RuntimeError("Connection reset by peer"), None),  # not the transport's: the task's own
     (ClusterTimeoutError("/job:ps/task:0 gave up after 60 s", task=PS, missing=[W1]), W1),
@@ -56,8 +56,8 @@ def test_which_errors_are_consequences_of_a_lost_peer(error, cause):
 def test_a_consequence_raised_from_a_lost_peer_follows_the_explicit_cause():
     try:
         try:
-            raise PeerGone("the connection from worker:0 to ps:0 at tcp://127.0.0.1:1 closed", "ps:0")
-        except PeerGone as e:
+            raise peer_lost("the connection from worker:0 to ps:0 at tcp://127.0.0.1:1 closed", "ps:0")
+        except ConnectionLost as e:
             raise ValueError("could not push") from e
     except ValueError as e:
         assert failures.cause_of(e) == ""
@@ -65,7 +65,7 @@ def test_a_consequence_raised_from_a_lost_peer_follows_the_explicit_cause():
 
 def test_the_store_numbers_failures_and_the_first_own_one_wins():
     board = failures._Board(dist.HashStore())
-    a = board.number(rec(PS, None, cause=W1, error="PeerLostError: x"))  # a consequence numbered first
+    a = board.number(rec(PS, None, cause=W1, error="PeerLost: x"))  # a consequence numbered first
     b = board.number(rec(W1, None))
     c = board.number(rec(W0, None, error="DataError: later"))
     assert (a.seq, b.seq, c.seq) == (1, 2, 3)
@@ -85,9 +85,9 @@ def test_a_failure_of_a_restarted_task_s_older_incarnation_is_not_its_failure():
 def test_the_verdict_names_the_first_own_failure_and_one_line_per_other(tmp_path):
     first = rec(W1, 2)
     ends = [
-        end(tmp_path, W0, 1, FailureReport(rec(W0, 3, cause=PS, error="PeerLostError: lost /job:ps/task:0"), first)),
+        end(tmp_path, W0, 1, FailureReport(rec(W0, 3, cause=PS, error="PeerLost: lost /job:ps/task:0"), first)),
         end(tmp_path, W1, 1, FailureReport(first, first)),
-        end(tmp_path, PS, 1, FailureReport(rec(PS, 1, cause=W1, error="PeerLostError: w1 failed"), None)),
+        end(tmp_path, PS, 1, FailureReport(rec(PS, 1, cause=W1, error="PeerLost: w1 failed"), None)),
     ]
     v = verdict.decide(ends, ends[2], "here", dropped=9)  # the ps exited first: its record says it followed
     assert v.task == W1 and v.exit_code == 1
@@ -109,7 +109,7 @@ def test_the_same_error_on_two_tasks_is_reported_once(tmp_path):
 
 def test_a_remote_first_failure_is_named_from_the_local_task_s_report(tmp_path):
     remote = rec(W1, 1, host="hostb")
-    ends = [end(tmp_path, PS, 1, FailureReport(rec(PS, 2, cause=W1, error="PeerLostError: w1 failed"), remote))]
+    ends = [end(tmp_path, PS, 1, FailureReport(rec(PS, 2, cause=W1, error="PeerLost: w1 failed"), remote))]
     v = verdict.decide(ends, ends[0], "hosta")
     assert v.text.splitlines()[0] == ("towerflow launch: /job:worker/task:1 (pid 101 on hostb) failed first: "
                                       "RuntimeError: boom")
@@ -154,7 +154,7 @@ def test_transport_noise_is_recognised_by_its_whole_shape(line, noise):
 
 def test_a_restarted_task_s_failure_is_said_with_the_restart(tmp_path):
     own, consequence = end(tmp_path, W1, 1, FailureReport(rec(W1, 1))), end(tmp_path, PS, 1, FailureReport(rec(
-        PS, 2, cause=W1, error="PeerLostError: /job:worker/task:1 failed: RuntimeError: boom")))
+        PS, 2, cause=W1, error="PeerLost: /job:worker/task:1 failed: RuntimeError: boom")))
     assert verdict.restart_note(own.report_path) == ". It failed:\n  " + TB.rstrip().replace("\n", "\n  ")
     assert verdict.restart_note(consequence.report_path) == "; it stopped: /job:worker/task:1 failed: RuntimeError: boom"
     assert verdict.restart_note(str(tmp_path / "none.json")) == ""
@@ -162,8 +162,8 @@ def test_a_restarted_task_s_failure_is_said_with_the_restart(tmp_path):
 
 def test_what_the_failing_task_itself_prints(monkeypatch):
     first = rec(W1, 1)
-    ps = rec(PS, 2, cause=W1, error=f"PeerLostError: {W1} failed: RuntimeError: boom")
-    w0 = rec(W0, 3, cause=PS, error=f"PeerLostError: {W0} lost {PS}, which stopped: {W1} failed: RuntimeError: boom")
+    ps = rec(PS, 2, cause=W1, error=f"PeerLost: {W1} failed: RuntimeError: boom")
+    w0 = rec(W0, 3, cause=PS, error=f"PeerLost: {W0} lost {PS}, which stopped: {W1} failed: RuntimeError: boom")
     gloo = rec(W0, 3, cause="", error="RuntimeError: lost a peer of its process group (gloo: Connection reset by peer)")
     monkeypatch.setattr(failures, "_report_error", None)
     monkeypatch.setattr(failures, "_board_error", None)
@@ -189,9 +189,9 @@ def test_an_error_is_recorded_with_a_short_reason_when_the_transport_lost_a_peer
                                     "reset by peer. This is typically caused by a remote worker hanging"), None)
     assert (r.task, r.job, r.index, r.restart, r.cause, r.traceback) == (W0, "worker", 0, 2, "", "")
     assert r.error == "RuntimeError: lost a peer of its process group (gloo: Connection reset by peer)"
-    gone = failures._make(PeerGone("the connection from worker:0 to ps:0 at tcp://10.0.0.2:7 closed: its process "
+    gone = failures._make(peer_lost("the connection from worker:0 to ps:0 at tcp://10.0.0.2:7 closed: its process "
                                    "ended", "ps:0"), None)
-    assert gone.cause == "" and gone.error == ("PeerGone: the connection from worker:0 to ps:0 at tcp://10.0.0.2:7 "
+    assert gone.cause == "" and gone.error == ("ConnectionLost: the connection from worker:0 to ps:0 at tcp://10.0.0.2:7 "
                                                "closed: its process ended")
     own = failures._make(None, TB)
     assert own.is_own and own.error == "RuntimeError: boom" and own.traceback == TB

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(480)]
 # Run on an etcd host: wait until the cluster takes writes, then print the index of its leader.
 LEADER = """
 import sys, time
-from towerflow.cluster.etcd import EtcdClient
+from towerflow.cluster.store.etcd import EtcdClient
 members = [(h, int(p)) for h, p in (a.rsplit(":", 1) for a in sys.argv[1].split(","))]
 end, error = time.monotonic() + float(sys.argv[2]), None
 while time.monotonic() < end:

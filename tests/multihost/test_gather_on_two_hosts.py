@@ -1,4 +1,4 @@
-"""Addresses gathered at runtime across two hosts (cluster/gather.py): torchrun on two namespace hosts
+"""Addresses gathered at runtime across two hosts (cluster/membership/gather.py): torchrun on two namespace hosts
 gives each process only its rank; `towerflow launch --ps 1` under it gathers where every rank runs and
 trains (docs/cluster.md, "torchrun")."""
 

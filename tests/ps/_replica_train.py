@@ -160,7 +160,7 @@ def wait_restarted(before) -> None:
     """Block until each ps task of `before` ({task: its call name before the kill}) has joined again as a new
     incarnation (the training loop then finds it back at its next step)."""
     deadline = time.monotonic() + 60
-    while any(server.current().rpc_name_of("ps", t) == name for t, name in before.items()):
+    while any(server.current().call_name_of("ps", t) == name for t, name in before.items()):
         if time.monotonic() > deadline:
             raise RuntimeError(f"ps tasks {sorted(before)} were not restarted within 60 s")
         time.sleep(0.05)
@@ -210,7 +210,7 @@ with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, log
     for i in range(1, steps + 1):
         session.run(step, i)
         if strategy.is_chief and i in plan:
-            restarting = {t: server.current().rpc_name_of("ps", t) for t in plan[i] if isinstance(t, int)}
+            restarting = {t: server.current().call_name_of("ps", t) for t in plan[i] if isinstance(t, int)}
             kill_soon([t for t in plan[i] if t != "wait" and not str(t).startswith("nap")])
             if "wait" in plan[i]:
                 wait_restarted(restarting)

@@ -12,7 +12,8 @@ import torch
 
 from towerflow.ps import plan_layout
 from towerflow.ps.messages import PolicySpec
-from towerflow.ps.worker.client import PSClient, PSLost
+from towerflow.errors import PSTaskLost
+from towerflow.ps.worker.client import PSClient
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -23,7 +24,7 @@ class FakeServer:
     def __init__(self):
         self.names = {0: "ps:0", 1: "ps:1"}
 
-    def rpc_name_of(self, job: str, index: int) -> str:
+    def call_name_of(self, job: str, index: int) -> str:
         return self.names[index]
 
     def peer_watch(self, serving=()):
@@ -43,9 +44,9 @@ def test_a_wait_on_one_ps_task_ends_when_another_is_restarted():
     never = torch.futures.Future()  # ps 0's sync round: it would answer once the other worker pushes
     threading.Timer(0.3, lambda: server.names.__setitem__(1, "ps:1:r1")).start()
     t0 = time.monotonic()
-    with pytest.raises(PSLost) as lost:
+    with pytest.raises(PSTaskLost) as lost:
         client.wait(client.channels[0], never)
-    assert lost.value.task == 1 and lost.value.name == "ps:1"  # the incarnation that is gone, for the recovery
+    assert lost.value.part == 1 and lost.value.name == "ps:1"  # the incarnation that is gone, for the recovery
     assert "restarted (now ps:1:r1)" in str(lost.value)
     assert time.monotonic() - t0 < 5
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from towerflow.cluster import wire
+from towerflow.cluster.calls import wire
 from towerflow.ps.messages import Endpoints, PushOutcome, PushPull, PushPulled, Pulled, Ticket
 
 

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from towerflow.cluster import shm_ring
+from towerflow.cluster.link import shm_ring
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import DropOp, PushOp, ReplicaFrame, SeedOp, part_key
 from towerflow.ps.server import endpoints

@@ -31,11 +31,11 @@ def test_no_room_in_shared_memory_says_why_and_falls_back_to_rpc(monkeypatch, ca
     assert linked.offer_for(_channel(), "/job:worker/task:0") is None
     err = capsys.readouterr().err
     assert "/job:worker/task:0: no shared-memory link to /job:ps/task:1" in err
-    assert "--shm-size" in err and "TOWERFLOW_PS_LINK=rpc" in err
+    assert "--shm-size" in err and "TOWERFLOW_PS_LINK=zmq" in err
 
 
 def test_a_link_is_wanted_only_between_tasks_named_on_one_host(monkeypatch):
     cluster = types.SimpleNamespace(task_address=lambda job, i: {("worker", 0): "hosta:1", ("ps", 0): "hosta:2",
                                                                   ("ps", 1): "hostb:2"}[(job, i)])
     assert linked.wanted(cluster, ("worker", 0), 0, "shm") and not linked.wanted(cluster, ("worker", 0), 1, "shm")
-    assert not linked.wanted(cluster, ("worker", 0), 0, "rpc")  # TOWERFLOW_PS_LINK=rpc: never
+    assert not linked.wanted(cluster, ("worker", 0), 0, "zmq")  # TOWERFLOW_PS_LINK=zmq: never

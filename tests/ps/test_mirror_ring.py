@@ -8,7 +8,7 @@ import concurrent.futures
 import pytest
 import torch
 
-from towerflow.cluster import shm_ring
+from towerflow.cluster.link import shm_ring
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.server import fresh_seeds as _fresh_seeds
 from towerflow.ps.server import mirror_link as _mirror_link

@@ -20,7 +20,7 @@ from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
 from towerflow.ps.server.replication import Replicator
-from towerflow.ps.worker.client import PSLost
+from towerflow.ps.worker.client import ps_task_lost
 from towerflow.ps.worker.recovery import Recovery
 from tests.ps.test_send_again import _Client as _RecordingClient
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
@@ -160,7 +160,7 @@ class _Server:
         self.clock[0] += timeout or 0.0  # the wait runs its whole time: the launcher never brings the task back
         raise ClusterTimeoutError(f"{lost} was not back within {timeout} s", task=self.name, missing=[lost])
 
-    def rpc_name_of(self, job, task):
+    def call_name_of(self, job, task):
         return f"ps:{task}"
 
     def wait_watching(self, future, serving=(), task=None):
@@ -197,7 +197,7 @@ def _promote_answers(monkeypatch, asked):
         future = torch.futures.Future()
         future.set_result(True)
         return future
-    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+    monkeypatch.setattr(_recovery._calls, "call_async", call_async)
 
 
 def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(monkeypatch):
@@ -206,7 +206,7 @@ def test_a_lost_ps_not_back_in_time_is_served_by_its_backup_and_nothing_is_lost(
     client = _Client()
     recovery = Recovery(client)
     monkeypatch.setattr(recovery, "restore_ps", lambda: pytest.fail("a promoted part was restored"))
-    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    recovery.recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
     assert client.server.waited == [(0, 5.0)]  # the promotion wait, then no other
     assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))] and client.server.watched == ("ps", 1)
     assert (client.channels[0].via, client.channels[0].key) == ("ps:1", part_key("model", 0))
@@ -229,18 +229,18 @@ def test_two_ps_tasks_lost_together_wait_for_their_restarts_at_once_not_one_afte
         future = torch.futures.Future()
         future.set_result(True)
         return future
-    monkeypatch.setattr(_recovery._transport, "call_async", call_async)
+    monkeypatch.setattr(_recovery._calls, "call_async", call_async)
 
     class TwoLost(_Client):
         def rejoin(self, restarted, wait_open):
             if ("ps", 1) not in stood:
-                raise PSLost(1, "ps:1", RuntimeError("ps:1 is gone"))
+                raise ps_task_lost(1, "ps:1", "ps:1 is gone")
             super().rejoin(restarted, wait_open)
 
     client = TwoLost(stood_in=stood, num_ps=3)
     monkeypatch.setattr(_promotion.time, "monotonic", lambda: client.server.clock[0])
     recovery = Recovery(client)
-    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    recovery.recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
     assert client.server.waited == [(0, 5.0), (1, 0.0)]  # one promotion wait for both, not 5 s each
     assert set(asked) == {("ps:1", 0), ("ps:2", 1)}  # (ps 1 is asked again for part 0: it says it serves it)
     (record,) = recovery.recoveries
@@ -255,7 +255,7 @@ def test_a_lost_ps_the_launcher_will_not_restart_is_served_by_its_backup_once_it
     _promote_answers(monkeypatch, asked)
     client = _Client(max_restarts=max_restarts, restarts_used=restarts_used)
     recovery = Recovery(client)
-    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    recovery.recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
     assert client.server.beats_watched == [(0, 5.0)] and client.server.waited == []
     assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))]
     (record,) = recovery.recoveries
@@ -269,7 +269,7 @@ def test_a_lost_ps_out_of_restarts_that_beats_on_is_not_promoted(monkeypatch):
     _promote_answers(monkeypatch, asked)
     client = _Client(max_restarts=0, beating=True)
     with pytest.raises(ClusterTimeoutError):
-        Recovery(client).recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+        Recovery(client).recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
     assert asked == [] and client.server.waited == [(0, None)]
 
 
@@ -280,10 +280,10 @@ def test_a_backup_that_cannot_stand_for_the_lost_primary_leaves_the_usual_wait(m
         future = torch.futures.Future()
         future.set_result(False)
         return future
-    monkeypatch.setattr(_recovery._transport, "call_async", refused)
+    monkeypatch.setattr(_recovery._calls, "call_async", refused)
     client = _Client()
     with pytest.raises(ClusterTimeoutError):  # the fake's launcher never brings ps 0 back
-        Recovery(client).recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+        Recovery(client).recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
     assert client.server.waited == [(0, 5.0), (0, None)] and client.channels[0].via is None
 
 
@@ -299,7 +299,7 @@ def test_a_part_its_backup_serves_already_is_called_there_without_the_promotion_
     _promote_answers(monkeypatch, asked)
     client = _Client(stood_in={("ps", 0)})
     recovery = Recovery(client)
-    recovery.recover(PSLost(0, "ps:0", RuntimeError("ps:0 is gone")))
+    recovery.recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
     assert client.server.waited == []  # neither the promotion wait nor a restart's
     assert asked == [("ps:1", "promote", ("model", 0, "ps:0"))]
     assert (client.channels[0].via, client.channels[0].key) == ("ps:1", part_key("model", 0))
@@ -320,7 +320,7 @@ def test_a_restarted_chief_asks_a_promoted_part_at_its_backup_and_restores_nothi
     def on_all(endpoint):
         asked_holds.append([ch.via or ch.to for ch in client.channels])
         if client.channels[0].via is None:
-            raise PSLost(0, "ps:0", RuntimeError("the connection to ps:0 failed its handshake"))
+            raise ps_task_lost(0, "ps:0", "the connection to ps:0 failed its handshake")
         return [True, True]
     client.on_all = on_all
     client.connect = lambda: "connected"
@@ -339,7 +339,7 @@ def test_a_promoted_part_whose_backup_is_lost_too_goes_on_to_the_next_ps_task(mo
     client = _Client(stood_in={("ps", 0)}, num_ps=3)
     client.channels[0].serve_from("ps:1", part_key("model", 0))
     recovery = Recovery(client)
-    recovery.recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+    recovery.recover(ps_task_lost(0, "ps:1", "the connection to ps:1 closed"))
     assert asked == [("ps:2", "promote", ("model", 0, "ps:1"))] and client.server.waited == []
     assert (client.channels[0].via, client.channels[0].key) == ("ps:2", part_key("model", 0))
     (record,) = recovery.recoveries
@@ -354,7 +354,7 @@ def test_with_two_ps_tasks_a_promoted_part_whose_backup_is_lost_waits_for_its_ow
     client = _Client(num_ps=2)
     client.channels[0].serve_from("ps:1", part_key("model", 0))
     with pytest.raises(ClusterTimeoutError):
-        Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+        Recovery(client).recover(ps_task_lost(0, "ps:1", "the connection to ps:1 closed"))
     assert asked == [] and client.server.waited == [(0, None)]
 
 
@@ -364,7 +364,7 @@ def test_a_promoted_part_whose_backup_is_lost_with_no_mirror_left_and_no_restart
     client = _Client(num_ps=2, max_restarts=0)
     client.channels[0].serve_from("ps:1", part_key("model", 0))
     with pytest.raises(ParameterServerError) as e:
-        Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+        Recovery(client).recover(ps_task_lost(0, "ps:1", "the connection to ps:1 closed"))
     assert "/job:ps/task:0's part is lost" in str(e.value) and "ps:1, the backup that served its part" in str(e.value)
     assert "Restart the job from the newest checkpoint" in str(e.value) and asked == []
 
@@ -376,9 +376,9 @@ def test_a_promoted_backup_that_beats_on_is_connected_to_again_not_replaced(monk
 
     asked, reconnected = [], []
     _promote_answers(monkeypatch, asked)
-    monkeypatch.setattr(_recovery._transport, "reconnect", reconnected.append)
+    monkeypatch.setattr(_recovery._calls, "reconnect", reconnected.append)
     client = _Client(stood_in={("ps", 0)}, num_ps=3, beating=True)
     client.channels[0].serve_from("ps:1", part_key("model", 0))
-    Recovery(client).recover(PSLost(0, "ps:1", RuntimeError("the connection to ps:1 closed")))
+    Recovery(client).recover(ps_task_lost(0, "ps:1", "the connection to ps:1 closed"))
     assert asked == [] and reconnected == ["ps:1"] and client.server.beats_watched == [(1, 5.0)]
     assert client.channels[0].via == "ps:1"

@@ -114,7 +114,7 @@ def test_a_part_with_every_replica_lost_comes_back_from_the_checkpoint(tmp_path)
 def test_with_a_replica_lag_a_killed_ps_task_loses_at_most_that_many_pushes(tmp_path, monkeypatch):
     """--ps-replica-lag N: replies run ahead of the backup, so a restored primary may lack some acknowledged pushes;
     the job goes on, and each recovery counts what it lost, never more than N per ps task."""
-    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")  # replication over messages, whose acks are read only when due
+    monkeypatch.setenv("TOWERFLOW_PS_LINK", "zmq")  # replication over messages, whose acks are read only when due
     lag, steps = 16, 50
     output = _launch(["--ps", "2", "--workers", "1", "--ps-replica-lag", str(lag)], tmp_path, steps, "dense", "15:0,35:1")
     final = _final(tmp_path)
@@ -165,10 +165,10 @@ def test_the_chief_lost_with_a_ps_task_and_no_mirror_restores_every_ps_task_from
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="cutting a live task's connections needs `ss -K` (iproute2)")
 def test_connections_cut_to_ps_tasks_that_live_on_lose_no_update(tmp_path, monkeypatch):
-    """Every TCP connection to a ps task aborted while it runs (`ss -K`; steps over TCP, TOWERFLOW_PS_LINK=rpc): no
+    """Every TCP connection to a ps task aborted while it runs (`ss -K`; steps over TCP, TOWERFLOW_PS_LINK=zmq): no
     restart comes, so the worker, seeing the task beat on, connects to it again and sends what it had not counted,
     its backup is seeded again over a new connection, nothing is restored, and the job ends equal to one left alone."""
-    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")
+    monkeypatch.setenv("TOWERFLOW_PS_LINK", "zmq")
     killed, alone, output = _killed_and_left_alone(tmp_path, ["--ps", "2", "--workers", "1"], 40, "dense",
                                                    "10:cut0,25:cut1")
     assert killed["global_step"] == alone["global_step"] == 40
@@ -190,7 +190,7 @@ def test_a_ps_task_that_stops_answering_is_replaced_by_its_backup_and_nothing_is
     the ps: nobody waits for the frozen task any more); when it is killed and restarted, the chief gives the part
     back to it from the backup, ps task 0 lets go of the mirror it held of the part, and the job ends equal, update
     for update, to one left alone."""
-    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")  # steps and replication over TCP, where a silent peer is noticed
+    monkeypatch.setenv("TOWERFLOW_PS_LINK", "zmq")  # steps and replication over TCP, where a silent peer is noticed
     monkeypatch.setenv("TOWERFLOW_HEARTBEAT_TIMEOUT", "4")
     monkeypatch.setenv("TOWERFLOW_JOIN_TIMEOUT", "8")  # a lost task is given up after 4 + 8 s of silence
     monkeypatch.setenv("TOWERFLOW_PS_PROMOTE_AFTER", "2")
@@ -214,7 +214,7 @@ def test_a_worker_that_prefetches_loses_no_update_when_ps_tasks_are_killed(tmp_p
     again, and the job counts every push once, as the run left alone does. The values differ from that run's: a
     restore drops the values fetched ahead, so the next step computes on newer ones."""
     monkeypatch.setenv("REPLICA_TRAIN_PREFETCH", "1")
-    monkeypatch.setenv("TOWERFLOW_PS_LINK", "rpc")
+    monkeypatch.setenv("TOWERFLOW_PS_LINK", "zmq")
     killed, alone, output = _killed_and_left_alone(tmp_path, ["--ps", "2", "--workers", "1"], 40, "dense", "10:0,25:1")
     assert killed["global_step"] == alone["global_step"] == 40, output
     for task in (0, 1):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from towerflow.ps.layout import plan_layout
-from towerflow.errors import ClusterTimeoutError, ParameterServerError, PeerLostError
+from towerflow.errors import ClusterTimeoutError, ParameterServerError, PeerLost
 from towerflow.ps.messages import PushPull, RowPush, RowRead, Ticket
 from towerflow.ps.replication_messages import MirrorState, check_ps_replicas, check_replica_lag
 from towerflow.ps.server import snapshot as _snapshot
@@ -355,7 +355,7 @@ def test_a_backup_that_will_not_be_restarted_ends_the_watch_with_the_reason():
     replica, said = _replicated(primary, link)
 
     def wait_for_restart(task, lost, cause):
-        raise PeerLostError("lost /job:ps/task:1, and it will not be restarted (0 of 0 restarts used)")
+        raise PeerLost("lost /job:ps/task:1, and it will not be restarted (0 of 0 restarts used)")
 
     replica._wait_for_restart = wait_for_restart
     reply = _lose_backup_then_wait(replica, link, primary)

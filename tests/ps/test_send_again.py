@@ -94,7 +94,7 @@ class _Server:
         self.waited.append((task, alive_ok))
         return lost
 
-    def rpc_name_of(self, job, task):
+    def call_name_of(self, job, task):
         return f"ps:{task}"
 
 
@@ -102,10 +102,10 @@ def test_a_connection_lost_to_a_ps_that_lives_on_is_opened_again_and_nothing_is_
     """The chief's connection to ps 0 closed while ps 0 went on (its heartbeats say so): no restart will come, so the
     worker connects again, learns what ps 0 counted, sends again the push it lacks, and no ps task is restored."""
     from towerflow.ps.worker import recovery as _recovery
-    from towerflow.ps.worker.client import PSLost
+    from towerflow.ps.worker.client import ps_task_lost
 
     reconnected = []
-    monkeypatch.setattr(_recovery._transport, "reconnect", reconnected.append)
+    monkeypatch.setattr(_recovery._calls, "reconnect", reconnected.append)
     client = _Client([_Channel(0, 10, [9, 10]), _Channel(1, 10, [9, 10])], replica_lag=0)
     client.server, client.is_chief, client.global_step, client.pushes = _Server(), True, 20, 10
     counted = {0: 9, 1: 10}  # ps 0 never got the step's push
@@ -113,7 +113,7 @@ def test_a_connection_lost_to_a_ps_that_lives_on_is_opened_again_and_nothing_is_
     client.rejoin = lambda restarted, wait_open: [setattr(ch, "pushes", counted[ch.task]) for ch in client.channels]
     recovery = Recovery(client)
     monkeypatch.setattr(recovery, "restore_ps", lambda: pytest.fail("a live ps task was restored"))
-    recovery.recover(PSLost(0, "ps:0", RuntimeError("the connection from worker:0 to ps:0 closed")))
+    recovery.recover(ps_task_lost(0, "ps:0", "the connection from worker:0 to ps:0 closed"))
     assert reconnected == ["ps:0"] and client.server.waited == [(0, True)]
     assert client.pushed_again == [(0, 10)]
     (record,) = recovery.recoveries
@@ -124,12 +124,12 @@ def test_a_ps_that_lives_on_but_stays_out_of_reach_ends_the_wait_with_the_reason
     import time
 
     from towerflow.ps.worker import recovery as _recovery
-    from towerflow.ps.worker.client import PSLost
+    from towerflow.ps.worker.client import ps_task_lost
 
-    monkeypatch.setattr(_recovery._transport, "reconnect", lambda name: None)
+    monkeypatch.setattr(_recovery._calls, "reconnect", lambda name: None)
     client = _Client([_Channel(0, 10, [9, 10])], replica_lag=0)
     client.server = _Server()
-    gone = PSLost(0, "ps:0", RuntimeError("the connection from worker:0 to ps:0 closed"))
+    gone = ps_task_lost(0, "ps:0", "the connection from worker:0 to ps:0 closed")
     with pytest.raises(ParameterServerError, match=r"cannot reach /job:ps/task:0 \(ps:0\), which is still running"):
         Recovery(client)._connect_again([gone], seen=time.monotonic() - 100)
 
@@ -139,7 +139,8 @@ def test_a_restore_cut_short_by_another_loss_runs_again_from_the_checkpoint_neve
     lost after the first part went out. The restore that runs again once it is back must send the checkpoint again:
     the new loss's mirror holds a state of another step than the parts already sent."""
     from towerflow.ps.worker import recovery as _recovery
-    from towerflow.ps.worker.client import PSLost
+    from towerflow.errors import PSTaskLost
+    from towerflow.ps.worker.client import ps_task_lost
 
     asked_mirrors = []
     monkeypatch.setattr(_recovery.from_mirrors, "restore", lambda client, publish: asked_mirrors.append(1) or (
@@ -157,13 +158,13 @@ def test_a_restore_cut_short_by_another_loss_runs_again_from_the_checkpoint_neve
     def create(ch, part, finished, open_now, restored_for):
         sent.append(ch.task)
         if sent == [0, 1]:  # ps task 1 lost as its part went out
-            raise PSLost(1, "ps:1", RuntimeError("killed"))
+            raise ps_task_lost(1, "ps:1", "killed")
         return ("create", ch.task)
 
     client.create = create
     recovery = Recovery(client)
     recovery.restore_source = lambda: (20, "ckpt-0000000020.pt", {"ps": {0: "part 0", 1: "part 1"}})
-    with pytest.raises(PSLost):
+    with pytest.raises(PSTaskLost):
         recovery.restore_ps()
     assert recovery.restore_ps() == "ckpt-0000000020.pt"  # again, once ps task 1 is back: the checkpoint again
     assert asked_mirrors == [1] and sent == [0, 1, 0, 1]

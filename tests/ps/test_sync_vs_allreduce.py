@@ -4,7 +4,7 @@ One `towerflow launch --ps 1 --workers 2` of `_sync_vs_allreduce.py`: the two wo
 same float64 model on the same global batches, first through the ps (mode="sync",
 replicas_to_aggregate=2, SGD with momentum on the ps), then with MultiWorkerMirroredStrategy
 (DDP over gloo, SGD on each worker). The final parameters must agree to 1e-10, with the ps steps going
-over the same-host shared-memory link and over RPC.
+over the same-host shared-memory link and over ZeroMQ calls.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 SCRIPT = str(Path(__file__).parent / "_sync_vs_allreduce.py")
 
 
-@pytest.mark.parametrize("link", ["shm", "rpc"])
+@pytest.mark.parametrize("link", ["shm", "zmq"])
 def test_sync_with_every_replica_ends_with_the_all_reduce_strategy_parameters(launcher, tmp_path, link):
-    """Through the same-host shared-memory link (the default on one host) and through RPC alike."""
+    """Through the same-host shared-memory link (the default on one host) and through ZeroMQ calls alike."""
     import _sync_vs_allreduce as script
 
     run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", SCRIPT, "--out", str(tmp_path),

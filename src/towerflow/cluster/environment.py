@@ -10,7 +10,7 @@ import dataclasses
 from typing import Mapping, Optional, Sequence
 
 from towerflow import taskenv as _te
-from towerflow.cluster import gather as _gather
+from towerflow.cluster.membership import gather as _gather
 from towerflow.cluster import schedulers as _schedulers
 from towerflow.cluster.spec import ClusterSpec, parse_flags
 from towerflow.errors import ClusterSpecError

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Callable
 
-from towerflow.cluster import failures as _failures
+from towerflow.cluster.membership import failures as _failures
 
 _installed = False
 _exit_at_once = False

@@ -26,10 +26,10 @@ from typing import Any, Callable, Optional
 import torch
 
 from towerflow.cluster import server as _server
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.calls import endpoint as _calls
 from towerflow.devices import logical as _logical
 from towerflow.devices.spec import DeviceLike, DeviceSpec
-from towerflow.errors import ClusterError, RemoteError
+from towerflow.errors import ClusterError, ConnectionLost, PeerLost, RemoteError
 
 try:  # ships functions defined in __main__ (or lambdas) by value; optional
     import cloudpickle as _cloudpickle
@@ -92,7 +92,7 @@ def _dumps_fn(fn: Callable) -> bytes:
 
 
 def _to_cpu(value: Any) -> Any:
-    """Tensors cross processes from the CPU (RPC has no device map here); containers are walked."""
+    """Tensors cross processes from the CPU (calls have no device map here); containers are walked."""
     if isinstance(value, torch.Tensor):
         return value.cpu() if value.device.type != "cpu" else value
     if isinstance(value, (list, tuple)):
@@ -145,9 +145,11 @@ class RemoteFuture:
                 server, task = self._watch
                 server.wait_watching(self._future, task=task)
             value = self._future.wait()
+        except ConnectionLost as e:  # the task is gone
+            raise PeerLost(f"remote call to {self.task} failed: {e}", task=self.task, incarnation=e.incarnation) from None
         except ClusterError:
             raise
-        except Exception as e:  # the call itself failed: task gone, timeout
+        except Exception as e:  # the call itself failed: timeout
             raise ClusterError(f"remote call to {self.task} failed: {e}", task=self.task) from None
         if isinstance(value, _Failure):
             raise value.exception()
@@ -207,7 +209,7 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
         return RemoteFuture(future, f"/job:{here.job}/task:{here.task}")
     server = _server.current()
     task = f"/job:{spec.job or _logical.local_task().job}/task:{spec.task or 0}"
-    if server is None or not _transport.is_endpoint_running():
+    if server is None or not _calls.is_endpoint_running():
         raise ClusterError(
             f"cannot run {name!r} on {task}: this process is not part of a cluster. Start "
             "towerflow.Server(...) first (or run under `towerflow launch`).",
@@ -217,8 +219,8 @@ def remote(fn: Callable, *args: Any, device: DeviceLike = None, **kwargs: Any) -
     index = spec.task if spec.task is not None else 0
     server.cluster.task_address(job, index)  # unknown job / index out of range: a clear error
     _log_call(name, spec.replace(job=job, task=index), args, kwargs)
-    fut = _transport.call_async(
-        server.rpc_name_of(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
+    fut = _calls.call_async(
+        server.call_name_of(job, index), _run, args=(_dumps_fn(fn), device_part, _to_cpu(args), _to_cpu(kwargs))
     )
     return RemoteFuture(fut, f"/job:{job}/task:{index}", watch=(server, (job, index)))
 

@@ -24,18 +24,19 @@ from towerflow import library_env as _library_env
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster import addresses as _addresses
-from towerflow.cluster import ending as _ending
+from towerflow.cluster.membership import ending as _ending
 from towerflow.cluster import environment as _env
 from towerflow.cluster import exit_hooks as _exit_hooks
-from towerflow.cluster import failures as _failures
-from towerflow.cluster.membership import Membership, rpc_name
-from towerflow.cluster.rendezvous import Rendezvous, say, task_name
-from towerflow.cluster.stores import host_rendezvous
+from towerflow.cluster.membership import failures as _failures
+from towerflow.cluster.calls.names import call_name
+from towerflow.cluster.membership.membership import Membership
+from towerflow.cluster.membership.rendezvous import Rendezvous, say, task_name
+from towerflow.cluster.store.stores import host_rendezvous
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterError, ClusterSpecError, PeerLostError
+from towerflow.errors import ClusterError, ClusterSpecError, PeerLost
 
-__all__ = ["Server", "current", "host_rendezvous", "rpc_name"]
+__all__ = ["Server", "current", "host_rendezvous"]
 
 _current: Optional["Server"] = None  # this process's server; one per process, as in TF
 _current_lock = threading.Lock()
@@ -91,7 +92,7 @@ class Server:
         self.token = token or env.cluster_token()
         self.join_timeout = float(join_timeout) if join_timeout is not None else env.join_timeout
         self.heartbeat_timeout = env.heartbeat_timeout
-        from towerflow.cluster.wire_security import WireSecurity  # zmq, for processes that are tasks only
+        from towerflow.cluster.calls.wire_security import WireSecurity  # zmq, for processes that are tasks only
 
         self.wire_security = WireSecurity(env.wire_security or self._default_wire_security(), self.token)
         self.context = env  # this task's resolved environment, handed to what runs in it (the ps client, the strategy)
@@ -103,7 +104,7 @@ class Server:
                                      store_address=store_address, incarnation=restarts, launch_id=env.launch_id)
         self.membership = Membership(self.rendezvous, heartbeat_timeout=self.heartbeat_timeout,
                                      join_timeout=self.join_timeout, max_restarts=self.max_restarts)
-        self.replaced: List[str] = []  # RPC names of dead incarnations this one took over from
+        self.replaced: List[str] = []  # call names of dead incarnations this one took over from
         self._started = False
         self._stopped = False
         if start:
@@ -183,7 +184,7 @@ class Server:
         self._started = True
         _exit_hooks.leave_at_exit(rv.store, abort=self.abort, join=self.join)
         if self.incarnation > 0:
-            me = rpc_name(self.job_name, self.task_index, self.incarnation)
+            me = call_name(self.job_name, self.task_index, self.incarnation)
             say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as {me}, in place of "
                 f"{', '.join(self.replaced) or 'none'}")
         return self
@@ -236,22 +237,22 @@ class Server:
         """Set a fact to `desired` only while it holds `expected`, in one step; the value it holds after."""
         return self.rendezvous.swap(key, expected, desired)
 
-    def rpc_name_of(self, job: str, index: int) -> str:
-        """The RPC name of a task's current incarnation (a task that was restarted joined under a new name)."""
-        return self.membership.rpc_name_of(job, index)
+    def call_name_of(self, job: str, index: int) -> str:
+        """The call name of a task's current incarnation (a task that was restarted joined under a new name)."""
+        return self.membership.call_name_of(job, index)
 
     def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None,
                          alive_ok: bool = False, beats_before: Optional[int] = None) -> str:
-        """Wait until the task whose incarnation `lost` is gone is back; its new RPC name, or with `alive_ok` `lost`
+        """Wait until the task whose incarnation `lost` is gone is back; its new call name, or with `alive_ok` `lost`
         itself when that incarnation lives on (Membership.wait_for_restart)."""
         return self.membership.wait_for_restart(job, index, lost, cause, timeout, alive_ok, beats_before)
 
     def check_peers(self, seen: dict, serving: Sequence[str] = ()) -> None:
-        """Raise PeerLostError when another running task failed or went silent (Membership.check_peers)."""
+        """Raise PeerLost when another running task failed or went silent (Membership.check_peers)."""
         self.membership.check_peers(seen, serving)
 
     def peer_watch(self, serving: Sequence[str] = ()) -> Callable[[], None]:
-        """A check to call repeatedly while waiting on others by other means: it raises PeerLostError naming
+        """A check to call repeatedly while waiting on others by other means: it raises PeerLost naming
         a task that failed or went silent (`Membership.check_peers`, with its memory of heartbeats)."""
         seen: Dict[str, tuple] = {}
         return lambda: self.membership.check_peers(seen, serving)
@@ -265,7 +266,7 @@ class Server:
     def join(self, timeout: Optional[float] = None) -> None:
         """Block until every task of the cluster is done (has called join or exited), then leave.
 
-        Raises PeerLostError naming the task when another task failed, and ClusterTimeoutError
+        Raises PeerLost naming the task when another task failed, and ClusterTimeoutError
         when `timeout` seconds pass first.
         """
         if self._stopped or not self._started:
@@ -281,7 +282,7 @@ class Server:
             self._close(graceful=False)
             c = self.cluster.coordinator()
             lost = "store" if etcd_url.is_etcd_url(self.rendezvous.store_address) else "coordinator"
-            raise PeerLostError(f"{self.name} lost the cluster's {lost} while waiting for the others: {e}",
+            raise PeerLost(f"{self.name} lost the cluster's {lost} while waiting for the others: {e}",
                                 task=task_name(c.job, c.task)) from None
         self._close(graceful=True)
 

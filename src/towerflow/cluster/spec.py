@@ -263,7 +263,7 @@ class ClusterSpec:
         return max(1, cores // max(1, len(local)))
 
     def rank_of(self, job_name: str, task_index: int) -> int:
-        """This task's rank among all tasks (the RPC group), which needs every job dense."""
+        """This task's rank among all tasks, which needs every job dense."""
         self.task_address(job_name, task_index)
         self.check_dense(self._jobs, "forming the cluster's process group")
         return [(t.job, t.task) for t in self.tasks()].index((job_name, task_index))

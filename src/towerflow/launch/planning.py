@@ -14,7 +14,7 @@ import os
 import sys
 
 from towerflow import etcd_url, taskenv
-from towerflow.cluster.gather import complete
+from towerflow.cluster.membership.gather import complete
 from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
 from towerflow.errors import LaunchError, TowerflowError

@@ -2,7 +2,7 @@
 
 The scheduler starts one launcher per slot; each resolves which task of the job it is
 (`cluster/schedulers`, with the roles of `--ps N` / `--chief` / `--evaluator`), gathers the
-addresses at runtime where the scheduler does not say them (`cluster/gather.py`), and runs that
+addresses at runtime where the scheduler does not say them (`cluster/membership/gather.py`), and runs that
 one task as `plan_one` runs a task of a cluster file: the same environment contract, its address
 bound from its own cluster entry, ps tasks running `python -m towerflow.ps.serve`. The device hint
 of the resolver (`gpu:<local rank>`) becomes TOWERFLOW_DEVICE only when this machine has that GPU.

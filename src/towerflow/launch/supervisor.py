@@ -67,7 +67,7 @@ class Supervisor:
         self._failed = False  # a task process failed (it may have been restarted since)
         self._log = _runlog.RunLog.for_tasks([t.env for t in self.tasks])  # the run's state for `towerflow top`
         self._forks: Optional[_forks.ForkServer] = None  # for the length of run(), when it pays (_fork_server)
-        self.launch_id = secrets.token_hex(8)  # every incarnation of these tasks carries it (cluster/ending.py)
+        self.launch_id = secrets.token_hex(8)  # every incarnation of these tasks carries it (cluster/membership/ending.py)
 
     def _say(self, text: str) -> None:
         with self._lock:

@@ -1,7 +1,7 @@
 """The launcher's verdict on a failed run: the task whose own code failed first, its traceback
 once, and one line for each task that stopped because of it.
 
-Each task that fails leaves a `FailureReport` in its TOWERFLOW_ERROR_FILE (cluster/failures.py):
+Each task that fails leaves a `FailureReport` in its TOWERFLOW_ERROR_FILE (cluster/membership/failures.py):
 its own record and the cluster's first failure as the store numbered them. The first failure is
 the own failure with the lowest number, so the verdict follows causes, not the order in which
 processes happened to exit; in a one-task-per-host launch the local task's report names a remote
@@ -16,7 +16,7 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from towerflow.cluster.failures import FailureRecord, FailureReport
+from towerflow.cluster.membership.failures import FailureRecord, FailureReport
 
 PREFIX = "towerflow launch: "  # every line the launcher says starts so
 # libtorch's warning header: "[W1123 17:51:07.418216393 file.cpp:125] ", with "[rankN]:" before it once

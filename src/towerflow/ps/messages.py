@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 
-from towerflow.cluster import wire
+from towerflow.cluster.calls import wire
 from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.tables import TableSpec
@@ -38,7 +38,7 @@ def _endpoint_function(name: str) -> Callable:
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
     """A function of the ps's endpoints module, by name: it pickles as a reference that the ps unpickles
-    as the function itself, so `transport.call_async(ps, Endpoint("pull"), ...)` runs `pull` there."""
+    as the function itself, so `calls.endpoint.call_async(ps, Endpoint("pull"), ...)` runs `pull` there."""
 
     name: str
 
@@ -168,7 +168,7 @@ class PushPull:
         return self.worker, self.ticket.step, self.ticket.gap, self.lr, self.clock, self.after_step, self.kind
 
     def flat(self) -> tuple:
-        """A dense step as plain values, which the wire lays out without pickle (cluster/wire_flat.py)."""
+        """A dense step as plain values, which the wire lays out without pickle (cluster/calls/wire_flat.py)."""
         return (*self.header(), *self.grads)
 
     @classmethod

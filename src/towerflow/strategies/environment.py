@@ -102,7 +102,8 @@ def strategy_from_env(name: Optional[str] = None, **options):
 
 def _place_from_scheduler(task: "_taskenv.TaskEnv") -> "_taskenv.TaskEnv":
     """This process's task environment, placed from a scheduler's slot when nothing placed it yet."""
-    from towerflow.cluster import gather, schedulers
+    from towerflow.cluster import schedulers
+    from towerflow.cluster.membership import gather
 
     if task.cluster:  # TF_CONFIG placed it: checked as `towerflow cluster` checks it (an index out of range, roles)
         schedulers.resolve(task.scheduler_env)

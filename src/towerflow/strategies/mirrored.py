@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from towerflow.cluster import exit_hooks as _exit_hooks
-from towerflow.cluster import replica_rendezvous
+from towerflow.cluster.membership import replica_rendezvous
 from towerflow.errors import StrategyError
 from towerflow.strategies import towers as _towers
 from towerflow.strategies._devices import confine_replica_memory, replica_device

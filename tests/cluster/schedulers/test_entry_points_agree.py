@@ -20,7 +20,8 @@ import pytest
 
 from towerflow import taskenv
 from towerflow.cli import main
-from towerflow.cluster import addresses, gather
+from towerflow.cluster import addresses
+from towerflow.cluster.membership import gather
 from towerflow.errors import TowerflowError
 from towerflow.launch import planning
 from towerflow.launch.config import LaunchConfig

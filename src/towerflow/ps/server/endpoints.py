@@ -1,10 +1,10 @@
-"""The ps service's wire API: what a worker calls on a ps task (through `cluster.transport`).
+"""The ps service's wire API: what a worker calls on a ps task (through `cluster/calls/endpoint.py`).
 
 Every function takes the model's name first (one ps process may hold several models) and the
 requests and replies of `ps/messages.py`. A ps process keeps its `ShardService`s in this module's
 registry; the chief creates them (`create`), and the other workers wait until it has
 initialized them (`wait_ready`) before their first pull. Functions that may wait (a sync pull,
-a finish, a rejoin) are `deferred`: they answer with a future, so no RPC thread blocks. The
+a finish, a rejoin) are `deferred`: they answer with a future, so the messaging thread never blocks. The
 per-step calls that never wait (a row read, a push alone) are `quick`: run where they arrive.
 """
 
@@ -19,10 +19,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from towerflow.cluster import server as _server
-from towerflow.cluster import shm_link as _shm_link
-from towerflow.cluster import shm_ring as _shm_ring
-from towerflow.cluster import transport as _transport
-from towerflow.cluster.membership import rpc_name
+from towerflow.cluster.link import shm_link as _shm_link
+from towerflow.cluster.link import shm_ring as _shm_ring
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.calls.names import call_name
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import CreateShards, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
 from towerflow.ps.replication_messages import (PROMOTED, DropOp, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
@@ -40,7 +40,7 @@ from towerflow.ps.tables.table_shards import TableShards
 _services: Dict[str, ShardService] = {}
 _ready: Dict[str, List[torch.futures.Future]] = collections.defaultdict(list)
 _opened: set = set()  # models the chief has initialized; workers start only then
-# After a lost ps: the restarted ps incarnations (RPC names) the chief has restored every ps task for, by model,
+# After a lost ps: the restarted ps incarnations (call names) the chief has restored every ps task for, by model,
 # and the rejoins waiting for that. A surviving ps is open all along, so without this gate a worker could read
 # its clock there before the chief put it back to the checkpoint.
 _restored: Dict[str, set] = collections.defaultdict(set)
@@ -105,7 +105,7 @@ def _mirror(model: str, primary: int) -> Mirror:
     return mirror
 
 
-@_transport.deferred
+@_calls.deferred
 def replicate(frame: ReplicaFrame) -> torch.futures.Future:
     """A primary's op for the mirror of its part held here (`mirror.py`): a future of the last op number it holds
     in order (the primary's acknowledgement)."""
@@ -201,7 +201,7 @@ def promote(model: str, primary: int, lost: str) -> bool:
             return True  # two workers asked at once: the other call serves it, and says so
         _services.setdefault(key, service)
         _opened.add(key)
-    me = rpc_name("ps", server.task_index, server.incarnation)
+    me = call_name("ps", server.task_index, server.incarnation)
     server.membership.stand_in("ps", primary, me)  # nobody waits for `lost` now: its host may never return
     print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
           f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
@@ -269,7 +269,7 @@ def open_model(model: str) -> int:
     return step
 
 
-@_transport.deferred
+@_calls.deferred
 def wait_ready(model: str) -> torch.futures.Future:
     """A future of the global step, done once the chief has created and initialized the model here."""
     future: torch.futures.Future = torch.futures.Future()
@@ -283,7 +283,7 @@ def wait_ready(model: str) -> torch.futures.Future:
     return future
 
 
-@_transport.deferred
+@_calls.deferred
 def rejoin(model: str, worker: int, restarted: bool = True, wait_open: bool = True,
            after_restore_of: Optional[str] = None) -> torch.futures.Future:
     """A worker goes on after a loss (its own restart, or a ps restored from a checkpoint): a future of
@@ -298,19 +298,19 @@ def rejoin(model: str, worker: int, restarted: bool = True, wait_open: bool = Tr
     return wait_ready(model).then(lambda _f: _get(model).rejoin(worker, restarted))
 
 
-@_transport.deferred
+@_calls.deferred
 def pull(model: str, worker: int, clock: int, after_step: int = 0) -> torch.futures.Future:
     """A future of `Pulled` for the worker's step `clock`; it waits while the policy holds the worker back."""
     return _get(model).pull(worker, clock, after_step)
 
 
-@_transport.deferred
+@_calls.deferred
 def push_pull(model: str, request: PushPull) -> torch.futures.Future:
     """One training step in one round trip: a future of `PushPulled`."""
     return _get(model).push_pull(request)
 
 
-@_transport.deferred
+@_calls.deferred
 def push_pull_flat(model: str, *request: Any) -> torch.futures.Future:
     """`push_pull` of a dense step sent as plain values (`PushPull.flat`): a future of the reply's (`PushPulled.flat`)."""
     return _linked.mapped(_get(model).push_pull(PushPull.from_flat(request)), PushPulled.flat)
@@ -318,7 +318,7 @@ def push_pull_flat(model: str, *request: Any) -> torch.futures.Future:
 
 def attach_link(model: str, worker: int, offer: _shm_link.LinkOffer) -> bool:
     """Serve `worker`'s push-pulls of the model through its shared-memory link (it is on this host); False when
-    the link's files are not here (the worker keeps RPC)."""
+    the link's files are not here (the worker keeps remote calls)."""
     _get(model)
     return _shm_link.serve(offer, _linked.handler(lambda: _get(model)), name=f"towerflow-link-{model}-{worker}",
                            after=lambda: _settle(model))
@@ -332,7 +332,7 @@ def _settle(model: str) -> None:
         service.replica.settle()
 
 
-@_transport.deferred
+@_calls.deferred
 def read_rows(model: str, request: RowRead) -> torch.futures.Future:
     """A future of the table rows a worker's batch looks up here, one tensor per table of the request (a read
     that admitted hash ids answers once the backup has the admission too)."""
@@ -345,19 +345,19 @@ def read_rows(model: str, request: RowRead) -> torch.futures.Future:
     return done
 
 
-@_transport.quick
+@_calls.quick
 def push(model: str, worker: int, ticket: Ticket, grads: List[torch.Tensor], lr: Optional[float] = None) -> PushOutcome:
     """A push alone (no pull back)."""
     return _get(model).push(worker, ticket, grads, lr)
 
 
-@_transport.deferred
+@_calls.deferred
 def finish(model: str, worker: int, pushes_sent: Optional[int] = None) -> torch.futures.Future:
     """The worker is done once its `pushes_sent` pushes have arrived: a future of the global step."""
     return _get(model).finish(worker, pushes_sent)
 
 
-@_transport.deferred
+@_calls.deferred
 def wait_finished(model: str) -> torch.futures.Future:
     """A future of the final global step, done when every worker has finished."""
     return _get(model).when_all_finished()

@@ -1,7 +1,7 @@
-"""The ps side of a step over a same-host link (`cluster/shm_link.py`): the handler that serves it.
+"""The ps side of a step over a same-host link (`cluster/link/shm_link.py`): the handler that serves it.
 
 The worker (`worker/linked.py`) has put its gradients in a request slot; the handler runs the
-very same `ShardService.push_pull` as for an RPC call, with the slot as the gradients, and
+very same `ShardService.push_pull` as for a remote call, with the slot as the gradients, and
 copies the values it would have sent into the reply slot. The ps stays the owner; the modes
 keep their semantics because the same coordinator decides.
 """
@@ -12,7 +12,7 @@ from typing import Callable, List
 
 import torch
 
-from towerflow.cluster import shm_link
+from towerflow.cluster.link import shm_link
 from towerflow.ps.messages import PushPull, PushPulled
 
 

@@ -29,7 +29,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from towerflow.cluster.shm_ring import RingReader
+from towerflow.cluster.link.shm_ring import RingReader
 from towerflow.errors import ParameterServerError
 from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, DropOp, FinishOp, LoadStateOp, MirrorState, PushOp,
                                                RejoinOp, ReplicaFrame, ReplicaOp, RowsReadOp, SeedOp, op_nbytes)

@@ -2,11 +2,11 @@
 
 A push's op carries the worker's gradients, one flat tensor per dtype, every step. Over a remote call
 they would cross the loopback's TCP stack and two messaging threads on each side. On one host the
-primary writes them into a ring in shared memory that the backup maps (`cluster/shm_ring.py`): once
+primary writes them into a ring in shared memory that the backup maps (`cluster/link/shm_ring.py`): once
 written, the op is in the backup's memory and counts as held, and the backup, which needs its ops only
 when its state is read (`mirror.py`), takes them from the ring then, or when another op arrives. Nobody
 wakes per op. When the ring is full (the backup has not taken its ops for a while), or where the ring
-is not supported, the op goes through a shared request slot of a link (`cluster/shm_link.py`) whose
+is not supported, the op goes through a shared request slot of a link (`cluster/link/shm_link.py`) whose
 small header goes down a pipe; the backup's link thread hands it to the mirror, which first takes what
 the ring holds, and answers with the mirror's acknowledgement. The link's pipe also tells the primary
 that the backup's process is gone. A thread of the primary that may wait (a worker's same-host link
@@ -22,8 +22,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from towerflow.cluster import shm_link, shm_ring
-from towerflow.errors import ParameterServerError
+from towerflow.cluster.link import shm_link
+from towerflow.cluster.link import shm_ring
+from towerflow.errors import ConnectionLost, ParameterServerError
 from towerflow.ps.messages import PUSH_KINDS, Ticket
 from towerflow.ps.replication_messages import MIRROR_HOLD_BYTES, REFRESH_OPS, PushOp, ReplicaFrame
 
@@ -98,7 +99,7 @@ class LinkSender:
                 raise ParameterServerError(f"the backup's mirror of /job:ps/task:{frame.primary}'s part of "
                                            f"{frame.model!r} takes no more ops from {frame.sender} (it was promoted)")
             if self.link.peer_gone():
-                raise shm_link.LinkClosed("the link's server is gone (its pipe hung up)")
+                raise ConnectionLost("the link's server is gone (its pipe hung up)")
             self.ring_ops += 1
             return _RING_HELD
         slot = self._next

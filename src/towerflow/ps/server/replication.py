@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLost
 from towerflow.ps.replication_messages import DropOp, PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes
 from towerflow.ps.server.fresh_seeds import FreshSeeds
 from towerflow.ps.server.own_connections import OwnConnections
@@ -64,7 +64,7 @@ class Replicator:
     `direct(to)`, when given, opens the calling thread's own connection to `to` (a function of a frame
     returning a call whose `result()` is the ack, read in that thread), or returns None in a thread that
     must not wait (the messaging thread): a same-host link's thread then sends its ops and reads their acks
-    itself, without two hand-offs to the messaging thread per op (cluster/direct.py). A call marked `op_held`
+    itself, without two hand-offs to the messaging thread per op (cluster/calls/direct.py). A call marked `op_held`
     stands for its own op alone, held as sent (a same-host ring's record, `mirror_link.py`), not for every
     op before it as an ack does.
     """
@@ -293,7 +293,7 @@ class Replicator:
                 while True:
                     try:
                         back = self._wait_for_restart(self.backup_task, lost_name, cause)
-                    except PeerLostError as e:
+                    except PeerLost as e:
                         self._say(f"the backup /job:ps/task:{self.backup_task} of {self.model!r} will not be back "
                                   f"({e}); /job:ps/task:{self.task}'s part stays unreplicated")
                         return

@@ -2,7 +2,7 @@
 a fenced primary does.
 
 `replication.py` is the protocol with its connections injected; this module injects this ps task's:
-remote calls through `cluster.transport`, a same-host link and ring for a link thread's pushes
+remote calls through `cluster/calls/endpoint.py`, a same-host link and ring for a link thread's pushes
 (`mirror_link.py`), the store's compare-and-set for the "goes on alone" mark. A part is fed from the task
 that serves it: its own primary, or the backup serving it while promoted (`endpoints.promote`), whose ops
 then go on to the next ps task round the ring.
@@ -15,8 +15,9 @@ import sys
 from typing import Optional
 
 from towerflow.cluster import server as _server
-from towerflow.cluster import shm_link as _shm_link
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.link import shm_link as _shm_link
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.errors import ConnectionLost
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import PROMOTED, ReplicaFrame, move_key, unreplicated_key
 from towerflow.ps.server import mirror_link as _mirror_link
@@ -37,22 +38,22 @@ def replicate(model: str, task: int, service: ShardService, backup_task: int, re
     serving = task if serving is None else serving
     replica = service.replica
     if not isinstance(replica, Replicator):
-        sender = server.rpc_name_of("ps", serving)
+        sender = server.call_name_of("ps", serving)
         replica = Replicator(
             model, task, sender, backup_task, service._lock,
             lambda: _snapshot.take(service),
-            lambda to, frame: _transport.call_async(to, Endpoints.replicate, args=(frame,)),
-            _transport.is_peer_lost,
+            lambda to, frame: _calls.call_async(to, Endpoints.replicate, args=(frame,)),
+            lambda error: isinstance(error, ConnectionLost),
             lambda backup, lost, cause: server.wait_for_restart("ps", backup, lost, cause, alive_ok=True),
             direct=_direct_sender(server, model, task, serving, backup_task, service, sender), max_lag=max_lag,
             own_push=own_push,
             mark_unreplicated=lambda on: move_key(server.swap, unreplicated_key(model, sender), "1" if on else "0",
                                                   ("", "0") if on else ("1",)) != PROMOTED,
-            reconnect=_transport.reconnect, fenced=lambda why: _fence(server.name, why))
+            reconnect=_calls.reconnect, fenced=lambda why: _fence(server.name, why))
         service.replica = replica
     elif not reseed:
         return
-    replica.seed(server.rpc_name_of("ps", backup_task))
+    replica.seed(server.call_name_of("ps", backup_task))
 
 
 def _fence(name: str, why: str) -> None:
@@ -68,15 +69,15 @@ def _direct_sender(server, model: str, task: int, serving: int, backup_task: int
     wait for an ack."""
     same_host = _shm_link.same_host(server.cluster.task_address("ps", serving),
                                     server.cluster.task_address("ps", backup_task))
-    use_link = same_host and server.context.ps_link != "rpc"
+    use_link = same_host and server.context.ps_link != "zmq"
 
     def open_for(to: str):
-        if _transport.on_socket_thread():
+        if _calls.on_socket_thread():
             return None
-        other = _ToBackup(_transport.direct_channel(to))
+        other = _ToBackup(_calls.direct_channel(to))
         if not use_link:
             return other
-        offer = lambda link, ring: _transport.call_async(  # noqa: E731
+        offer = lambda link, ring: _calls.call_async(  # noqa: E731
             to, Endpoints.attach_mirror_link, args=(model, task, link, ring, sender)).wait()
         return _mirror_link.open_sender(service.flats, offer, other, server.name) or other
 

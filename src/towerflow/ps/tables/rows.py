@@ -7,7 +7,7 @@ rows, apply coalesced gradients to the rows a push names with a `RowOptimizer`, 
 restore themselves, and export their rows so a checkpoint written by N ps tasks can be
 loaded onto M (`export` on the old shards, `load_rows` on the new ones).
 
-Pure modules: no RPC, no locks (the ps service serializes updates), so tests drive them directly.
+Pure modules: no calls, no locks (the ps service serializes updates), so tests drive them directly.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Deque, Dict, List, Optional
 
 import torch
 
-from towerflow.cluster import server as _server
+from towerflow.cluster.calls.names import call_name
 from towerflow.ps.layout import Layout
 from towerflow.ps.messages import Ticket
 
@@ -20,8 +20,8 @@ class Channel:
     def __init__(self, task: int, layout: Layout, params: Dict[str, torch.nn.Parameter], device: torch.device,
                  to: Optional[str] = None):
         self.task = task
-        self.to = to or _server.rpc_name("ps", task)  # the ps task's RPC name (its current incarnation's)
-        self.via: Optional[str] = None  # while its backup serves this part (promoted): the backup's RPC name
+        self.to = to or call_name("ps", task)  # the ps task's call name (its current incarnation's)
+        self.via: Optional[str] = None  # while its backup serves this part (promoted): the backup's call name
         self.key: Optional[str] = None  # ... and the name the part has there (replication_messages.part_key)
         self.shards = layout.on_task(task)
         sizes = layout.flat_sizes(task)
@@ -35,9 +35,9 @@ class Channel:
         self.pushes = 0  # this worker's pushes this ps task has counted (its clock there)
         self.nbytes = sum(b.numel() * b.element_size() for b in self.buffers[0])
         self.link = None  # a same-host shared-memory link to the ps task (`linked.py`), when it has one
-        self.direct = None  # else this worker's own connection for its steps (cluster/direct.py), opened on the first
+        self.direct = None  # else this worker's own connection for its steps (cluster/calls/direct.py), opened on the first
         self._views: List[tuple] = []  # (a reply slot's tensors, the parameters' views into them), per slot
-        self.link_tried_for: Optional[str] = None  # the ps incarnation (RPC name) a link was last offered to
+        self.link_tried_for: Optional[str] = None  # the ps incarnation (call name) a link was last offered to
         # (push buffer set, PushPull) of the last two steps sent here: a ps restored from its mirror may lack
         # them (ps/server/replication.py), and their buffers are not reused before the step after
         self.sent: Deque[tuple] = collections.deque(maxlen=2)
@@ -58,7 +58,7 @@ class Channel:
         for slot, views in self._views:
             if all(a is b for a, b in zip(slot, flats)):
                 return views
-        return self._views_of(flats)  # the values came over RPC (the first pull, a refresh)
+        return self._views_of(flats)  # the values came over remote calls (the first pull, a refresh)
 
     def serve_from(self, via: Optional[str], key: Optional[str]) -> None:
         """Call the part at `via` under `key` from now on (its promoted backup; None, None: its ps task again)."""

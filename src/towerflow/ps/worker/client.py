@@ -4,7 +4,7 @@
 strategy's needs (set the shards up, one training step, finish) into calls of the ps's
 endpoints, named by `messages.Endpoints`, all ps tasks at once. It keeps this worker's clock
 (pushes sent), the global step it last read, and the counters `metrics()` reports. A call to a
-ps task that is gone raises `PSLost`; what to do then is `recovery.py`'s job, not this module's.
+ps task that is gone raises `PSTaskLost`; what to do then is `recovery.py`'s job, not this module's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from towerflow.cluster import membership as _membership
-from towerflow.cluster import transport as _transport
-from towerflow.errors import ParameterServerError
+from towerflow.cluster.membership import membership as _membership
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.calls.names import lost_task
+from towerflow.errors import ConnectionLost, ParameterServerError, PSTaskLost
 from towerflow.ps.layout import Layout
 from towerflow.ps.worker import linked
 from towerflow.ps.worker import reshard as _reshard
@@ -30,25 +31,22 @@ from towerflow.ps.replication_messages import backup_for, ps_hosts
 from towerflow.ps.tables import TableSpec
 
 
-class PSLost(Exception):
-    """A call to a ps task failed because that task is gone (`Recovery.guarded` catches it and recovers)."""
-
-    def __init__(self, task: int, name: str, error: BaseException):
-        super().__init__(f"/job:ps/task:{task} (call name {name}) is gone: {error}")
-        self.task, self.name, self.error = task, name, error
+def ps_task_lost(part: int, name: str, reason: str) -> PSTaskLost:
+    """The error of a call to a ps task that is gone (`Recovery.guarded` catches it and recovers): the part of ps
+    task `part`, served by the incarnation called `name` (the part's own, or its promoted backup)."""
+    task, incarnation = lost_task(name)
+    return PSTaskLost(part, name, reason, task, incarnation)
 
 
 @contextlib.contextmanager
 def _lost_as_pslost(ch: Channel) -> Iterator[None]:
-    """A call, send or wait that failed because the channel's ps task is gone raises PSLost (the rest as is)."""
+    """A call, send or wait that failed because the channel's ps task is gone raises PSTaskLost (the rest as is)."""
     try:
         yield
     except PartMoved as e:
-        raise PSLost(ch.task, ch.to, e) from e
-    except RuntimeError as e:
-        if _transport.is_peer_lost(e):
-            raise PSLost(ch.task, ch.via or ch.to, e) from e  # the task lost: the part's own, or its promoted backup
-        raise
+        raise ps_task_lost(ch.task, ch.to, str(e)) from e
+    except ConnectionLost as e:  # the task lost: the part's own, or its promoted backup
+        raise ps_task_lost(ch.task, ch.via or ch.to, str(e)) from e
 
 
 class _FlatStep:
@@ -107,7 +105,7 @@ class PSClient:
         self.tables = {spec.name: spec for spec in tables}
         self._table_values = dict(table_values or {})
         self._row_optimizer = row_optimizer
-        self.channels = [Channel(t, layout, params, self.device, self.server.rpc_name_of("ps", t))
+        self.channels = [Channel(t, layout, params, self.device, self.server.call_name_of("ps", t))
                          for t in range(layout.num_ps) if layout.on_task(t) or self.tables]
 
     def connect(self) -> Optional[List[Rejoined]]:
@@ -160,7 +158,7 @@ class PSClient:
     def follow_restarts(self) -> None:
         """After a ps task was restarted: call each ps task's current incarnation, forget values fetched ahead."""
         for ch in self.channels:
-            now = self.server.rpc_name_of("ps", ch.task)
+            now = self.server.call_name_of("ps", ch.task)
             if now != ch.to or ch.via is None:  # a part its backup serves stays there until the task is back
                 ch.to = now
                 ch.serve_from(None, None)  # the next step offers the new incarnation a link
@@ -175,9 +173,9 @@ class PSClient:
 
     # ---- calls
     def call(self, ch: Channel, fn: Endpoint, *args: Any):
-        """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSLost."""
+        """fn(model, *args) on the channel's ps task, a future; a gone ps raises PSTaskLost."""
         with _lost_as_pslost(ch):
-            return _transport.call_async(ch.via or ch.to, fn, args=(ch.key or self.model_name, *args))
+            return _calls.call_async(ch.via or ch.to, fn, args=(ch.key or self.model_name, *args))
 
     def _try_link(self, ch: Channel) -> None:
         """Once per ps incarnation: offer a ps task of this host a shared-memory link for the steps (`linked.py`)."""
@@ -201,13 +199,13 @@ class PSClient:
 
     def _push_pull_call(self, ch: Channel, slot: int, request: PushPull):
         """The step's call to one ps task: over its same-host link when it has one, else over this thread's
-        direct channel to it (cluster/direct.py); what `wait` reads a `PushPulled` from."""
+        direct channel to it (cluster/calls/direct.py); what `wait` reads a `PushPulled` from."""
         ch.sent.append((slot, request))  # sent again when the ps is lost and its mirror lacks it (recovery.py)
         with _lost_as_pslost(ch):
             if ch.link is not None and request.rows is None:
                 return linked.push_pull(ch.link, slot, request)
             if ch.direct is None:
-                ch.direct = _transport.direct_channel(ch.via or ch.to)
+                ch.direct = _calls.direct_channel(ch.via or ch.to)
             if request.rows is None:
                 return _FlatStep(ch.direct.call(Endpoints.push_pull_flat, ch.key or self.model_name, *request.flat()))
             return ch.direct.call(Endpoints.push_pull, ch.key or self.model_name, request)
@@ -224,7 +222,7 @@ class PSClient:
             return future.wait()
 
     def _watch(self) -> Callable[[], None]:
-        """A check for a wait on the ps: raises PeerLostError for a task that failed or went silent, and PSLost
+        """A check for a wait on the ps: raises PeerLost for a task that failed or went silent, and PSTaskLost
         for a ps task restarted since this worker last called it. A sync round waits on ps task 0 for a worker
         that is itself waiting for the chief to restore ps task 1: the chief has to learn of that restart even
         when none of its own calls saw the loss."""
@@ -233,9 +231,9 @@ class PSClient:
         def check() -> None:
             peers()
             for ch in self.channels:
-                now = self.server.rpc_name_of("ps", ch.task)
+                now = self.server.call_name_of("ps", ch.task)
                 if now != ch.to:
-                    raise PSLost(ch.task, ch.to, RuntimeError(f"it was restarted (now {now})"))
+                    raise ps_task_lost(ch.task, ch.to, f"it was restarted (now {now})")
         return check
 
     def on_all(self, fn: Endpoint, *args: Any) -> List[Any]:
@@ -381,7 +379,7 @@ class PSClient:
 
     def metrics(self) -> dict:
         """This worker's view: steps/s, bytes pushed and pulled per ps task, what became of its pushes, and how it
-        reaches each ps task ("shm": the same-host link, else "rpc")."""
+        reaches each ps task ("shm": the same-host link, else "zmq": calls over ZeroMQ)."""
         elapsed = time.perf_counter() - self._started if self._started else 0.0
         ps = lambda counts: {f"/job:ps/task:{t}": n for t, n in sorted(counts.items())}  # noqa: E731
         return {
@@ -396,5 +394,5 @@ class PSClient:
             "pushes_dropped": self._outcomes["dropped"],
             "staleness_histogram": dict(sorted(self._staleness.items())),
             "pull_wait_s": self._pull_wait_s,
-            "links": {f"/job:ps/task:{ch.task}": "shm" if ch.link is not None else "rpc" for ch in self.channels},
+            "links": {f"/job:ps/task:{ch.task}": "shm" if ch.link is not None else "zmq" for ch in self.channels},
         }

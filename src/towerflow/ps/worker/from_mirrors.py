@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
-from towerflow.cluster import transport as _transport
-from towerflow.cluster.membership import rpc_name
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.calls.names import call_name
+from towerflow.errors import ConnectionLost
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import MirrorState, backup_of, ps_hosts, unreplicated_key
 
@@ -58,7 +59,7 @@ def _find_mirror(client, task: int, empty: Set[int]) -> Optional[Tuple[MirrorSta
     server = client.server
     hosts = ps_hosts(server.cluster)
     current = server.membership.incarnation_of("ps", task)
-    lost = [rpc_name("ps", task, k) for k in range(max(current - 1, 0), -1, -1)]
+    lost = [call_name("ps", task, k) for k in range(max(current - 1, 0), -1, -1)]
     holder = backup_of(task, hosts)
     while holder != task:
         if holder not in empty:
@@ -96,11 +97,9 @@ def stands_for_the_lost(state: Optional[MirrorState], lost_newest_first: List[st
 
 def _mirror_state(server, model: str, primary: int, backup: int) -> Optional[MirrorState]:
     """The backup's mirror of `primary`'s part, or None when the backup is gone too."""
-    future = _transport.call_async(server.rpc_name_of("ps", backup), Endpoints.mirror_state, args=(model, primary))
+    future = _calls.call_async(server.call_name_of("ps", backup), Endpoints.mirror_state, args=(model, primary))
     try:
         server.wait_watching(future, serving=("ps",))
         return future.wait()
-    except RuntimeError as e:
-        if _transport.is_peer_lost(e):
-            return None
-        raise
+    except ConnectionLost:
+        return None

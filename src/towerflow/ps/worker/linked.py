@@ -1,14 +1,14 @@
-"""The worker's side of a ps step over a same-host link (`cluster/shm_link.py`) instead of an RPC call.
+"""The worker's side of a ps step over a same-host link (`cluster/link/shm_link.py`) instead of a remote call.
 
 A worker and a ps task on one host exchange each step's gradients and values through
 shared tensors: the worker packs its gradients straight into the link's request slot
 (the channel's push buffers are those tensors) and reads the values from the reply slot;
-the ps side (`server/linked.py`) runs the very same `ShardService.push_pull` as for an RPC
-call. Dense variables only: a step that carries table rows goes over RPC.
+the ps side (`server/linked.py`) runs the very same `ShardService.push_pull` as for a remote
+call. Dense variables only: a step that carries table rows goes over remote calls.
 
 When a link is tried (`wanted`): both tasks' addresses in the cluster name the same host and
-TOWERFLOW_PS_LINK is not "rpc". A ps task that cannot open the worker's files (another
-host after all) declines, and the channel keeps RPC.
+TOWERFLOW_PS_LINK is not "zmq". A ps task that cannot open the worker's files (another
+host after all) declines, and the channel keeps remote calls.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional
 
-from towerflow.cluster import shm_link
+from towerflow.cluster.link import shm_link
 from towerflow.ps.messages import PushPull, PushPulled
 
 
 def wanted(cluster, worker_task: tuple, ps_task: int, ps_link: str) -> bool:
     """Whether this worker should offer the ps task a shared-memory link (`ps_link`: the task's setting)."""
-    if ps_link == "rpc":
+    if ps_link == "zmq":
         return False
     try:
         return shm_link.same_host(cluster.task_address(*worker_task), cluster.task_address("ps", ps_task))
@@ -32,21 +32,21 @@ def wanted(cluster, worker_task: tuple, ps_task: int, ps_link: str) -> bool:
 
 def offer_for(ch, who: str) -> Optional[shm_link.LinkClient]:
     """A link whose request and reply slots have the shapes of the channel's flat buffers (one per dtype), or
-    None, said on stderr, when shared memory cannot hold them (the steps then go over RPC)."""
+    None, said on stderr, when shared memory cannot hold them (the steps then go over remote calls)."""
     specs = tuple((b.numel(), b.dtype) for b in ch.buffers[0])
     try:
         return shm_link.LinkClient(specs, specs)
     except OSError as e:
         need = 2 * shm_link.SLOTS * sum(b.numel() * b.element_size() for b in ch.buffers[0])
         print(f"towerflow: {who}: no shared-memory link to /job:ps/task:{ch.task} ({e}; it needs {need / 2**20:.0f} MiB "
-              f"in {shm_link.SHM_DIR}): its steps go over RPC. Give {shm_link.SHM_DIR} more room (docker run "
-              "--shm-size, a pod's emptyDir medium Memory) or set TOWERFLOW_PS_LINK=rpc to silence this.",
+              f"in {shm_link.SHM_DIR}): its steps go over remote calls. Give {shm_link.SHM_DIR} more room (docker run "
+              "--shm-size, a pod's emptyDir medium Memory) or set TOWERFLOW_PS_LINK=zmq to silence this.",
               file=sys.stderr, flush=True)
         return None
 
 
 class LinkedStep:
-    """A step sent over a link, its reply not read yet: what the RPC path's future is (`PSClient.wait` reads it)."""
+    """A step sent over a link, its reply not read yet: what a remote call's future is (`PSClient.wait` reads it)."""
 
     def __init__(self, link: shm_link.LinkClient, slot: int):
         self.link, self.slot = link, slot

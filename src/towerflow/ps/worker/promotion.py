@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from typing import Dict, Optional
 
-from towerflow.cluster import transport as _transport
-from towerflow.cluster.membership import task_of
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.calls.names import task_of
 from towerflow.errors import ClusterError, ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import backup_of, part_key, ps_hosts
-from towerflow.ps.worker.client import PSLost
+from towerflow.errors import PSTaskLost
 
 
 class Promotion:
@@ -43,55 +43,55 @@ class Promotion:
                 return
             self._until = time.monotonic() + self.server.context.ps_promote_after
 
-    def wait_or_promote(self, gone: PSLost) -> Optional[str]:
+    def wait_or_promote(self, gone: PSTaskLost) -> Optional[str]:
         """The lost task's call name once it is back (a restarted incarnation's, or its own when it lives on), or
         None when its backup serves its part instead: with replicated shards, one not back within
         `TOWERFLOW_PS_PROMOTE_AFTER` seconds is replaced by its backup (promoted), until it is; one the launcher
         will not restart (no restarts left) as soon as its heartbeats show it gone."""
-        server, cause = self.server, str(gone.error)
+        server, cause = self.server, str(gone.reason)
         if self.client.ps_replicas > 1:
             wait = server.context.ps_promote_after
-            ch = next(c for c in self.client.channels if c.task == gone.task)
+            ch = next(c for c in self.client.channels if c.task == gone.part)
             if ch.via is not None and gone.name == ch.via:
                 return self._promote_onward(ch, gone)
             if self.served_by_backup(gone):
                 return None  # another worker's wait ended first
-            if not server.membership.will_be_restarted("ps", gone.task):
-                if not server.membership.beats_on("ps", gone.task, wait) and self._promote(gone):
+            if not server.membership.will_be_restarted("ps", gone.part):
+                if not server.membership.beats_on("ps", gone.part, wait) and self._promote(gone):
                     return None
             else:
-                beats_before = self._beats.pop(gone.task, None)  # a task's first wait in the recovery only: one lost
+                beats_before = self._beats.pop(gone.part, None)  # a task's first wait in the recovery only: one lost
                 if beats_before is not None:  # again (a restarted incarnation) waits anew, its beats counted anew
                     wait = max(0.0, self._until - time.monotonic())
                 try:
-                    return server.wait_for_restart("ps", gone.task, gone.name, cause, wait, alive_ok=True,
+                    return server.wait_for_restart("ps", gone.part, gone.name, cause, wait, alive_ok=True,
                                                    beats_before=beats_before)
                 except ClusterTimeoutError:
                     if self._promote(gone):
                         return None
-        return server.wait_for_restart("ps", gone.task, gone.name, cause, alive_ok=True)
+        return server.wait_for_restart("ps", gone.part, gone.name, cause, alive_ok=True)
 
-    def _promote_onward(self, ch, gone: PSLost) -> Optional[str]:
+    def _promote_onward(self, ch, gone: PSTaskLost) -> Optional[str]:
         """The backup that served a lost task's part (promoted) is lost too: the next ps task round the ring, which
         it fed a mirror of the part, serves it now (None); without one, the part's own task is waited for (its call
         name once back), as without replicas, or, when it will not be restarted, the job ends saying so. A backup
         that beats on only lost a connection: its own name comes back, and the caller connects to it again."""
         via, server = ch.via, self.server
         via_task = task_of(via)[1]
-        if server.rpc_name_of("ps", via_task) == via and server.membership.beats_on(
+        if server.call_name_of("ps", via_task) == via and server.membership.beats_on(
                 "ps", via_task, server.context.ps_promote_after):
             return via
         onward = backup_of(via_task, ps_hosts(server.cluster))
-        if onward != gone.task and self._promote(gone, lost=via, at=onward):
-            self._why[gone.task] = f"and then {via}, the backup that served its part, were lost"
+        if onward != gone.part and self._promote(gone, lost=via, at=onward):
+            self._why[gone.part] = f"and then {via}, the backup that served its part, were lost"
             return None
-        if not server.membership.will_be_restarted("ps", gone.task):
+        if not server.membership.will_be_restarted("ps", gone.part):
             raise ParameterServerError(
-                f"/job:ps/task:{gone.task}'s part is lost: that task will not be restarted (no restarts left) and "
-                f"{via}, the backup that served its part, is gone too ({gone.error}), with no other ps task holding a "
+                f"/job:ps/task:{gone.part}'s part is lost: that task will not be restarted (no restarts left) and "
+                f"{via}, the backup that served its part, is gone too ({gone.reason}), with no other ps task holding a "
                 "mirror of it. Restart the job from the newest checkpoint; with 3 or more ps tasks a promoted part "
                 "gets a backup of its own")
-        return server.wait_for_restart("ps", gone.task, ch.to, str(gone.error), alive_ok=True)
+        return server.wait_for_restart("ps", gone.part, ch.to, str(gone.reason), alive_ok=True)
 
     def why(self, task: int) -> str:
         """Why the lost task's part is served where it is now, for the worker's line."""
@@ -102,34 +102,30 @@ class Promotion:
             return f"will not be restarted (no restarts left) and was silent for {wait:g} s"
         return f"was not back within {wait:g} s"
 
-    def served_by_backup(self, gone: PSLost) -> bool:
+    def served_by_backup(self, gone: PSTaskLost) -> bool:
         """Whether the lost task's backup serves its part already (it stands in for the task: membership.stand_in);
         then this worker calls the part there from now on, without waiting for a restart that may never come."""
-        return ("ps", gone.task) in self.server.membership.stood_in() and self._promote(gone)
+        return ("ps", gone.part) in self.server.membership.stood_in() and self._promote(gone)
 
-    def _promote(self, gone: PSLost, lost: Optional[str] = None, at: Optional[int] = None) -> bool:
+    def _promote(self, gone: PSTaskLost, lost: Optional[str] = None, at: Optional[int] = None) -> bool:
         """Ask the ps task `at` to serve the lost task's part in place of `lost` (`endpoints.promote`) and call it there
         from now on; False when it cannot (its mirror does not stand for `lost`, or it is gone too). By default the
         task that stands in for the lost one already, else its backup, in place of the lost incarnation itself."""
         client = self.client
         if at is None:
-            by = self.server.membership.stood_in_by("ps", gone.task)
-            at = task_of(by)[1] if by is not None else backup_of(gone.task, ps_hosts(self.server.cluster))
-        backup = self.server.rpc_name_of("ps", at)
-        future = _transport.call_async(backup, Endpoints.promote,
-                                       args=(client.model_name, gone.task, gone.name if lost is None else lost))
+            by = self.server.membership.stood_in_by("ps", gone.part)
+            at = task_of(by)[1] if by is not None else backup_of(gone.part, ps_hosts(self.server.cluster))
+        backup = self.server.call_name_of("ps", at)
+        future = _calls.call_async(backup, Endpoints.promote,
+                                       args=(client.model_name, gone.part, gone.name if lost is None else lost))
         try:
             self.server.wait_watching(future, task=("ps", at))
             if not future.wait():
                 return False
-        except ClusterError:  # the backup went silent too
-            return False
-        except RuntimeError as e:
-            if not _transport.is_peer_lost(e):
-                raise
+        except ClusterError:  # the backup went silent too, or is gone (ConnectionLost)
             return False
         for ch in client.channels:
-            if ch.task == gone.task:
-                ch.serve_from(backup, part_key(client.model_name, gone.task))
+            if ch.task == gone.part:
+                ch.serve_from(backup, part_key(client.model_name, gone.part))
         return True
 

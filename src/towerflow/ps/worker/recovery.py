@@ -17,11 +17,12 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.calls import endpoint as _calls
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.worker import from_mirrors
-from towerflow.ps.worker.client import PSClient, PSLost
+from towerflow.errors import PSTaskLost
+from towerflow.ps.worker.client import PSClient, ps_task_lost
 from towerflow.ps.worker.promotion import Promotion
 
 LOOK_BACK_EVERY_S = 1.0  # how often a worker asks whether a ps task whose backup serves its part is back (two store reads)
@@ -51,14 +52,14 @@ class Recovery:
         while True:
             try:
                 result = op()
-            except PSLost as lost:
+            except PSTaskLost as lost:
                 self.recover(lost)
                 if not retry:
                     return None
                 continue
             try:
                 self._follow_parts_back()
-            except PSLost as lost:  # after a whole operation: the restore finds it counted, nothing runs again
+            except PSTaskLost as lost:  # after a whole operation: the restore finds it counted, nothing runs again
                 self.recover(lost)
             return result
 
@@ -71,9 +72,9 @@ class Recovery:
             return
         self._next_look = time.monotonic() + LOOK_BACK_EVERY_S
         for ch in promoted:
-            now = self.server.rpc_name_of("ps", ch.task)
+            now = self.server.call_name_of("ps", ch.task)
             if now != ch.to:
-                raise PSLost(ch.task, ch.to, RuntimeError(f"it was restarted (now {now})"))
+                raise ps_task_lost(ch.task, ch.to, f"it was restarted (now {now})")
 
     def connect(self) -> Any:
         """`client.connect`, guarded. A restarted chief that finds some ps tasks empty beside others that kept their
@@ -97,9 +98,9 @@ class Recovery:
         while True:
             try:
                 return client.on_all(Endpoints.holds)
-            except PSLost as lost:
+            except PSTaskLost as lost:
                 if not self.promotion.served_by_backup(lost):
-                    self.server.wait_for_restart("ps", lost.task, lost.name, str(lost.error))
+                    self.server.wait_for_restart("ps", lost.part, lost.name, str(lost.reason))
                 client.follow_restarts()  # a restarted one is asked next; a part its backup serves, there
 
     def _restore_lost_with_chief(self) -> bool:
@@ -130,7 +131,7 @@ class Recovery:
                                 "seconds": round(time.monotonic() - seen, 2)})
         return True
 
-    def recover(self, lost: PSLost) -> None:
+    def recover(self, lost: PSTaskLost) -> None:
         """Wait for the launcher to restart the lost ps; the chief restores it (`restore_ps`), all pull
         the restored values and go on; the recovery is logged and kept in `recoveries`. Another ps task
         lost meanwhile (two at once, or one more during the restore) is waited for too, and the restore
@@ -139,7 +140,7 @@ class Recovery:
         seen = time.monotonic()
         before = client.global_step
         sent, clock = {ch.task: ch.pushes for ch in client.channels}, client.pushes  # before a rejoin resets them
-        lost_tasks = {lost.task: lost}
+        lost_tasks = {lost.part: lost}
         self.promotion.begin()
         self._checkpoint_begun = False
         pushes_lost = 0  # with asynchronous replication: pushes the restored mirror lacked beyond those kept
@@ -149,14 +150,14 @@ class Recovery:
             for gone in lost_tasks.values():
                 if self.server.max_restarts and gone.name not in said:  # else wait_for_restart raises at once, and
                     said.add(gone.name)  # that error says it all
-                    self._say(f"lost /job:ps/task:{gone.task} at global step {before} ({gone.error}); waiting for "
+                    self._say(f"lost /job:ps/task:{gone.part} at global step {before} ({gone.reason}); waiting for "
                               "its restart")
                 back = self.promotion.wait_or_promote(gone)
                 (alive if back == gone.name else promoted if back is None else []).append(gone)
             self._connect_again(alive, seen)
             client.follow_restarts()
-            back_as = [self.server.rpc_name_of("ps", t) for t in sorted(lost_tasks)  # this recovery's new names
-                       if t not in {g.task for g in alive + promoted}]
+            back_as = [self.server.call_name_of("ps", t) for t in sorted(lost_tasks)  # this recovery's new names
+                       if t not in {g.part for g in alive + promoted}]
             try:
                 if not back_as:  # connections were lost, or backups serve the lost parts: nothing to restore
                     client.rejoin(restarted=False, wait_open=False)
@@ -170,19 +171,19 @@ class Recovery:
                 else:
                     client.install(client.pull())
                 break
-            except PSLost as again:
-                lost_tasks[again.task] = again
+            except PSTaskLost as again:
+                lost_tasks[again.part] = again
         took = time.monotonic() - seen
         tasks = sorted(lost_tasks)
         if not back_as:
             self.recoveries.append({"ps_task": tasks[0] if len(tasks) == 1 else tasks, "lost_at_step": before,
                                     "resumed_at_step": client.global_step, "steps_lost": 0, "seconds": round(took, 2),
                                     "from_mirrors": False, "reconnected": bool(alive), "pushes_lost": pushes_lost,
-                                    "promoted": sorted(g.task for g in promoted)})
-            how = [f"{', '.join(f'/job:ps/task:{g.task}' for g in alive)} had not stopped (its heartbeats went on): "
+                                    "promoted": sorted(g.part for g in promoted)})
+            how = [f"{', '.join(f'/job:ps/task:{g.part}' for g in alive)} had not stopped (its heartbeats went on): "
                    "connected again"] if alive else []
-            how += [f"/job:ps/task:{g.task} {self.promotion.why(g.task)}: its part is served by its backup {ch.via} "
-                    "(promoted)" for g in promoted for ch in client.channels if ch.task == g.task]
+            how += [f"/job:ps/task:{g.part} {self.promotion.why(g.part)}: its part is served by its backup {ch.via} "
+                    "(promoted)" for g in promoted for ch in client.channels if ch.task == g.part]
             self._say(f"{'; '.join(how)}; going on at global step {client.global_step}; lost: nothing (what it had "
                       f"not counted is sent again); {took:.2f} s from seeing the loss to training again")
             return
@@ -208,19 +209,19 @@ class Recovery:
             self._say(f"/job:ps/task:{task} is back ({back_at}); {what}; going on at global step {client.global_step}; "
                       f"lost: {lost_what}; {took:.2f} s from seeing the loss to training again")
 
-    def _connect_again(self, alive: List[PSLost], seen: float) -> None:
+    def _connect_again(self, alive: List[PSTaskLost], seen: float) -> None:
         """Lost ps tasks whose incarnation lives on (its heartbeats go on): the next calls open new connections, for
         as long as the heartbeat and join timeouts allow from when the loss was seen (then an error says so)."""
         limit = self.server.heartbeat_timeout + self.server.membership.join_timeout
         for gone in alive:
             if time.monotonic() - seen > limit:
                 raise ParameterServerError(
-                    f"{self.server.name} cannot reach /job:ps/task:{gone.task} ({gone.name}), which is still running "
-                    f"(its heartbeats in the store go on): no call got through for {limit:g} s ({gone.error}). Check "
+                    f"{self.server.name} cannot reach /job:ps/task:{gone.part} ({gone.name}), which is still running "
+                    f"(its heartbeats in the store go on): no call got through for {limit:g} s ({gone.reason}). Check "
                     "the network between the two hosts (a firewall, a partition), or whether that ps task is stuck")
-            self._say(f"/job:ps/task:{gone.task} ({gone.name}) is still running (its heartbeats go on): connecting to "
+            self._say(f"/job:ps/task:{gone.part} ({gone.name}) is still running (its heartbeats go on): connecting to "
                       "it again")
-            _transport.reconnect(gone.name)
+            _calls.reconnect(gone.name)
 
     def _send_again(self, sent: Dict[int, int], clock: int) -> int:
         """After a restore from mirrors, put this worker back where it was, as if nothing had happened. A ps task

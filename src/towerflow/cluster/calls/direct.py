@@ -8,7 +8,7 @@ same-host shared-memory link does. The called task serves it like any other conn
 is awaited in a blocking read, as a bare pyzmq client would (a poll of the socket and its monitor
 before each read cost a tenth of a small call); after each 0.2 s without one, the socket's
 monitor is read, so a closed, refused or silent connection fails the call as the endpoint does
-(`PeerGone`, ClusterJoinError), and `idle()` runs once a second (the heartbeat watch).
+(`ConnectionLost`, ClusterJoinError), and `idle()` runs once a second (the heartbeat watch).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Callable, Dict, Optional
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from towerflow.cluster import wire
-from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor
+from towerflow.cluster.calls import wire
+from towerflow.cluster.calls.connection_events import ConnectionWatch, close_monitored, peer_lost, monitor
 
 _WATCH_EVERY_MS = 1000
 _IDLE_EVERY_S = _WATCH_EVERY_MS / 1000
@@ -103,7 +103,7 @@ class DirectChannel:
     def close(self) -> None:
         close_monitored(self._socket, self._monitor)
         if self._failure is None:
-            self._failure = PeerGone(f"{self.me}'s direct channel to {self.to} is closed", self.to)
+            self._failure = peer_lost(f"{self.me}'s direct channel to {self.to} is closed", self.to)
 
 
 class DirectCall:

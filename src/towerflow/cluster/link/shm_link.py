@@ -9,7 +9,7 @@ two named pipes. The request pipe carries a small pickled header (the slot and t
 message without its tensors), the reply pipe the same back. The files and pipes are unlinked
 once both ends have opened them: nothing is left behind, even when a process dies.
 
-A dead peer reads as end-of-file on its pipe: the caller's wait fails with `LinkClosed`, and
+A dead peer reads as end-of-file on its pipe: the caller's wait fails with `ConnectionLost`, and
 the serving loop ends. The caller reads its replies in the thread that waits for them (no
 reader thread, no hand-off: one wake-up per reply); it waits for a slot's reply before reusing it.
 """
@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from towerflow.errors import ConnectionLost
 SHM_DIR = "/dev/shm"
 SLOTS = 2  # one slot may be in flight while the caller fills the other
 _LENGTH = struct.Struct("<I")
@@ -39,13 +40,9 @@ _NO_LOCK = contextlib.nullcontext()  # the caller's end is written by one thread
 TensorSpecs = Tuple[Tuple[int, torch.dtype], ...]  # (numel, dtype) of each tensor of a slot
 
 
-class LinkClosed(RuntimeError):
-    """The other end of a link is gone (its process ended): what a remote call to a dead task meets as PeerGone."""
-
-
 @dataclasses.dataclass(frozen=True)
 class LinkOffer:
-    """What the caller sends (over RPC) to the task that will serve the link: where its files are."""
+    """What the caller sends (over remote calls) to the task that will serve the link: where its files are."""
 
     prefix: str  # /dev/shm/towerflow-link-<pid>-<random>: the files are prefix + ".q<k>.<i>", ".r<k>.<i>", ".in", ".out"
     requests: TensorSpecs
@@ -184,7 +181,7 @@ class LinkClient:
     def call(self, slot: int, header: Any) -> None:
         """Send `header` for the request tensors of `slot` (filled by the caller); `reply(slot)` waits for the answer."""
         if self._closed is not None:
-            raise LinkClosed(self._closed)
+            raise ConnectionLost(self._closed)
         if slot in self._in_flight:
             raise RuntimeError(f"internal: slot {slot} of the link is still in flight")
         self._in_flight.add(slot)
@@ -194,11 +191,11 @@ class LinkClient:
             raise self._close_for(f"the link's server is gone: {e}") from None
 
     def reply(self, slot: int, idle: Optional[Callable[[], None]] = None, every: float = 1.0) -> Any:
-        """Wait for `slot`'s reply header and return it (or raise the server's error, or LinkClosed). `idle()` runs
+        """Wait for `slot`'s reply header and return it (or raise the server's error, or ConnectionLost). `idle()` runs
         every `every` seconds while nothing arrives (a caller watching its peers' heartbeats raises from it)."""
         while slot not in self._arrived:
             if self._closed is not None:
-                raise LinkClosed(self._closed)
+                raise ConnectionLost(self._closed)
             if idle is not None and not select.select([self._reply_fd], [], [], every)[0]:
                 idle()
                 continue
@@ -224,9 +221,9 @@ class LinkClient:
             self._hangup.register(self._reply_fd, select.POLLHUP)  # POLLHUP: the reply pipe has no writer left
         return any(events & (select.POLLHUP | select.POLLERR) for _, events in self._hangup.poll(0))
 
-    def _close_for(self, why: str) -> LinkClosed:
+    def _close_for(self, why: str) -> ConnectionLost:
         self._closed = why
-        return LinkClosed(why)
+        return ConnectionLost(why)
 
     def __del__(self) -> None:  # a link dropped unclosed (its thread ended) must still hang up on its server
         try:
@@ -256,7 +253,7 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
           on_end: Optional[Callable[[], None]] = None, after: Optional[Callable[[], None]] = None) -> bool:
     """Serve `offer` in a thread: handler(header, request tensors, reply tensors) returns the reply header, or a
     future of it, having written (or writing, before it completes) the reply tensors. False when the offer's files are
-    not on this host (the caller then keeps using RPC). `on_end()` runs in that thread once the caller is gone (not
+    not on this host (the caller then keeps using remote calls). `on_end()` runs in that thread once the caller is gone (not
     when this process exits); `after()` after each call is answered (or its answer deferred): work that may wait, done
     while the caller computes its next call."""
     try:
@@ -282,7 +279,7 @@ def serve(offer: LinkOffer, handler: Handler, name: str = "towerflow-link-server
     def answer(slot: int, future: torch.futures.Future) -> None:
         try:
             value = future.value()
-        except Exception as e:  # the handler's error goes back to the caller, as an RPC's would
+        except Exception as e:  # the handler's error goes back to the caller, as a remote call's would
             _send(slot, False, e)
         else:
             _send(slot, True, value)
@@ -367,5 +364,5 @@ atexit.register(stop_servers)
 
 def same_host(address_a: str, address_b: str) -> bool:
     """Whether two tasks' `host:port` addresses name the same host (the name as written: a link is only
-    tried then, so tasks given distinct host names keep RPC even when they share a machine)."""
+    tried then, so tasks given distinct host names keep remote calls even when they share a machine)."""
     return address_a.rsplit(":", 1)[0] == address_b.rsplit(":", 1)[0]

@@ -1,7 +1,7 @@
 """What a ZeroMQ connection's monitor says about the task at its other end, as the errors callers get.
 
 Every connection a task opens (an endpoint's peer socket, a thread's direct channel) is watched by a
-monitor socket; a `ConnectionWatch` turns its events into `PeerGone` (the task's process ended, or its
+monitor socket; a `ConnectionWatch` turns its events into `ConnectionLost` (the task's process ended, or its
 host stopped answering heartbeats) or ClusterJoinError (the two tasks' credentials differ).
 
 libzmq sends a monitor's events from its I/O thread with a blocking send: a monitor socket closed while
@@ -20,7 +20,8 @@ from typing import Dict, Optional
 
 import zmq
 
-from towerflow.errors import ClusterJoinError
+from towerflow.cluster.calls.names import lost_task
+from towerflow.errors import ClusterJoinError, ConnectionLost
 
 WATCHED = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
            | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -29,15 +30,11 @@ _monitored: Dict[zmq.Socket, zmq.Socket] = {}  # socket -> its monitor, while th
 _monitored_lock = threading.Lock()
 
 
-class PeerGone(RuntimeError):
-    """Raised on a call whose task is gone: its process ended, its host went away, or it never existed."""
-
-    def __init__(self, message: str, task: str = ""):
-        super().__init__(message)
-        self.task = task
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.task))
+def peer_lost(message: str, to: str) -> ConnectionLost:
+    """The error of a call whose task (call name `to`) is gone: its process ended, its host went away, or it
+    never existed."""
+    task, incarnation = lost_task(to)
+    return ConnectionLost(message, task, incarnation)
 
 
 def monitor(socket: zmq.Socket) -> zmq.Socket:
@@ -108,7 +105,7 @@ class ConnectionWatch:
             if self._handshakes_failed < 2:
                 return None
             if not self.encrypted:
-                return PeerGone(f"{self.to} at {self.address} accepted the connection of {self.me} but twice failed "
+                return peer_lost(f"{self.to} at {self.address} accepted the connection of {self.me} but twice failed "
                                 "its handshake: it closed the connection or did not answer within ZeroMQ's handshake "
                                 "time (its process is ending, or stuck)", self.to)
             refused = True
@@ -120,17 +117,17 @@ class ConnectionWatch:
         if event == zmq.EVENT_DISCONNECTED:
             if not self.is_up and self._reconnect_expected:
                 return None
-            return PeerGone(f"the connection from {self.me} to {self.to} at {self.address} closed: its process ended, "
+            return peer_lost(f"the connection from {self.me} to {self.to} at {self.address} closed: its process ended, "
                             "or its host stopped answering ZeroMQ's heartbeats", self.to)
         if event == zmq.EVENT_CONNECT_RETRIED and not self.is_up:
             if self._reconnect_expected:
                 self._reconnect_expected = False
                 return None
-            return PeerGone(f"{self.me} cannot connect to {self.to} at {self.address}: nothing listens there any more "
+            return peer_lost(f"{self.me} cannot connect to {self.to} at {self.address}: nothing listens there any more "
                             "(its process ended)", self.to)
         return None
 
 
-def unknown(to: str) -> PeerGone:
-    return PeerGone(f"no task named {to!r} has joined the cluster (it was never started, or it was replaced by a "
+def unknown(to: str) -> ConnectionLost:
+    return peer_lost(f"no task named {to!r} has joined the cluster (it was never started, or it was replaced by a "
                     "restarted incarnation)", to)

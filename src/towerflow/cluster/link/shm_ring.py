@@ -28,7 +28,7 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-from towerflow.cluster.shm_link import SHM_DIR, TensorSpecs, mapped, new_prefix, unlink_all
+from towerflow.cluster.link.shm_link import SHM_DIR, TensorSpecs, mapped, new_prefix, unlink_all
 
 _TAKEN, _CLOSED = 0, 1  # cells of the control block
 

@@ -2,7 +2,7 @@
 
 Two kinds: a c10d TCPStore served on a held socket (by `towerflow launch` for a local cluster,
 else by the coordinator task), or etcd (`TOWERFLOW_STORE=etcd://...`, `towerflow launch --store`),
-which no task hosts, so the rendezvous outlives every task and host (cluster/etcd_store.py).
+which no task hosts, so the rendezvous outlives every task and host (cluster/store/etcd_store.py).
 Either way the store holds one publisher record: the cluster spec's fingerprint, whether it has a
 token and a proof of it, which every joining task checks (rendezvous.py).
 """
@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.store import c10d as _c10d
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.errors import ClusterJoinError
 
@@ -41,7 +41,7 @@ def publisher_record(cluster: ClusterSpec, token: Optional[str], publisher: str)
 
 def serve_store(sock: socket.socket, cluster: ClusterSpec, token: Optional[str], host_name: str, timeout: float):
     """Serve the rendezvous store on a listening socket and publish the cluster in it; returns (store, nonce)."""
-    store = _transport.prefix_store("towerflow", _transport.host_store(sock, timeout))
+    store = _c10d.prefix_store("towerflow", _c10d.host_store(sock, timeout))
     record = publisher_record(cluster, token, host_name)
     store.set(PUBLISHER_KEY, record)
     return store, json.loads(record)["nonce"]
@@ -56,7 +56,7 @@ def host_rendezvous(cluster: ClusterLike, token: Optional[str], address: str, ti
     cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
     host, port = split_address(address)
     try:
-        sock = _transport.listen(host, port)
+        sock = _c10d.listen(host, port)
     except OSError as e:
         raise ClusterJoinError(f"cannot host the rendezvous store at {address!r}: {e.strerror or e}") from None
     return serve_store(sock, cluster, token, f"towerflow launch (pid {os.getpid()})", timeout)[0]
@@ -73,8 +73,10 @@ def open_etcd(url: str, cluster: ClusterSpec, timeout: float, reach_within: floa
     it (its records outlive the run). ClusterJoinError naming every member and why, when none answers within
     `reach_within` s (never a hang)."""
     address = etcd_url.parse_etcd_url(url, _taskenv.ENV_STORE)
-    try:
-        store = _transport.connect_etcd(address.endpoints, etcd_prefix(address, cluster), timeout, reach_within)
+    from towerflow.cluster.store.etcd_store import EtcdStore
+
+    try:  # EtcdUnavailable (a ConnectionError) names each member's error
+        store = EtcdStore(address.endpoints, etcd_prefix(address, cluster), timeout, reach_within=reach_within)
     except ConnectionError as e:
         raise ClusterJoinError(
             f"{who} cannot reach the cluster's store in etcd at {url!r} within {reach_within:.0f} s: {e}. Start etcd "
@@ -82,7 +84,7 @@ def open_etcd(url: str, cluster: ClusterSpec, timeout: float, reach_within: floa
             "--store, or raise the wait with " + _taskenv.ENV_JOIN_TIMEOUT + ".",
             task=who,
         ) from None
-    return _transport.prefix_store("towerflow", store), store
+    return _c10d.prefix_store("towerflow", store), store
 
 
 def read_publisher(store) -> Optional[dict]:

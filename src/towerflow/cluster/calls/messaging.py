@@ -11,7 +11,7 @@ completes futures and dispatches incoming calls. A called function marked `defer
 that thread and returns a future (it must not block: a ps holds a sync pull that way); one marked
 `quick` runs there too and answers at once; any other runs on a pool of threads. A peer's connection that closes (its process ended), never opens
 (nothing listens there any more) or misses ZeroMQ's heartbeats (its host went away) fails the
-calls waiting on it with `PeerGone`; a peer that refuses this task's credentials fails them
+calls waiting on it with `ConnectionLost`; a peer that refuses this task's credentials fails them
 with ClusterJoinError.
 """
 
@@ -30,9 +30,9 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from towerflow.cluster import wire
-from towerflow.cluster.wire_security import ENCRYPT, WireSecurity
-from towerflow.cluster.connection_events import ConnectionWatch, PeerGone, close_monitored, monitor, stop_monitors, unknown
+from towerflow.cluster.calls import wire
+from towerflow.cluster.calls.wire_security import ENCRYPT, WireSecurity
+from towerflow.cluster.calls.connection_events import ConnectionWatch, close_monitored, peer_lost, monitor, stop_monitors, unknown
 from towerflow.errors import ClusterTimeoutError
 
 _HEARTBEAT_EVERY_MS = 1000
@@ -102,7 +102,7 @@ class Endpoint:
         """Run fn(*args, **kwargs) on task `to`; a future of its value. `timeout` > 0: fail after that many seconds."""
         future: torch.futures.Future = torch.futures.Future()
         if self._stopped.is_set():
-            future.set_exception(PeerGone(f"{self.name} has left the cluster: it calls no task any more", to))
+            future.set_exception(peer_lost(f"{self.name} has left the cluster: it calls no task any more", to))
             return future
         address = self._address_of(to)
         if address is None:
@@ -168,7 +168,7 @@ class Endpoint:
                 peer = self._peer(to, address)
                 failure = peer.failure
             except zmq.ZMQError as e:
-                failure = PeerGone(f"{self.name} could not open a connection to {to} at {address}: {e}", to)
+                failure = peer_lost(f"{self.name} could not open a connection to {to} at {address}: {e}", to)
             if failure is not None:
                 self._fail_call(wire.envelope(frames[3])[1], failure)
             else:
@@ -230,9 +230,9 @@ class Endpoint:
         return threading.get_ident() == self._thread.ident
 
     def direct(self, to: str):
-        """A `DirectChannel` to task `to` for the calling thread alone (cluster/direct.py); PeerGone when no task
+        """A `DirectChannel` to task `to` for the calling thread alone (cluster/calls/direct.py); ConnectionLost when no task
         of that name has published an address."""
-        from towerflow.cluster.direct import DirectChannel
+        from towerflow.cluster.calls.direct import DirectChannel
 
         address = self._address_of(to)
         if address is None or self._stopped.is_set():
@@ -366,7 +366,7 @@ class Endpoint:
         with self._pending_lock:
             waiting, self._pending = list(self._pending.values()), {}
         for future, to, _ in waiting:
-            future.set_exception(PeerGone(f"{self.name} left the cluster while its call to {to} was waiting", to))
+            future.set_exception(peer_lost(f"{self.name} left the cluster while its call to {to} was waiting", to))
         self._gate.stop()
         stop_monitors(self._context)
         self._context.destroy(linger=0)

@@ -3,7 +3,7 @@
 Every task beats a counter in the rendezvous store; a task that stops beating without saying it
 is done was killed or hangs, and the others fail naming it instead of waiting forever. The
 launcher may restart a lost task (`--max-restarts`): its new incarnation serves calls under a new
-name (`rpc_name`) and writes its number in the store, so the others give a task that may come
+name (`call_name`) and writes its number in the store, so the others give a task that may come
 back the join timeout on top of the heartbeat timeout, and find the new name there. A recorded
 failure is final only when no restart is left (`final_failure`).
 """
@@ -14,28 +14,16 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from towerflow.cluster import ending as _ending
+from towerflow.cluster.membership import ending as _ending
 from towerflow import taskenv as _taskenv
-from towerflow.cluster import failures as _failures
-from towerflow.cluster import transport as _transport
-from towerflow.cluster.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
+from towerflow.cluster.membership import failures as _failures
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.calls.names import call_name
+from towerflow.cluster.membership.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
 from towerflow.devices.spec import DeviceSpec
-from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLost
 
 ALIVE_BEATS = 3  # beats of a lost incarnation that show it lives on (`wait_for_restart(alive_ok=True)`)
-
-
-def rpc_name(job: str, index: int, incarnation: int = 0) -> str:
-    """The call name of one incarnation of a task (a restarted task serves under a new name, so a call
-    meant for a dead incarnation fails instead of reaching its successor mid-recovery). Callers address
-    a task through `Server.rpc_name_of`, which finds the current incarnation."""
-    return f"{job}:{index}" if incarnation == 0 else f"{job}:{index}:r{incarnation}"
-
-
-def task_of(name: str) -> Tuple[str, int]:
-    """(job, index) of an incarnation's call name ('ps:1:r2', `rpc_name`)."""
-    job, index = name.split(":")[:2]
-    return job, int(index)
 
 
 class Membership:
@@ -49,7 +37,7 @@ class Membership:
         self.heartbeat_timeout = heartbeat_timeout
         self.join_timeout = join_timeout  # the time a restarted task has to come back
         self.max_restarts = max_restarts  # a silent task may come back while below this
-        self._incarnations: Dict[tuple, int] = {}  # the last one seen of each task, for rpc_name_of
+        self._incarnations: Dict[tuple, int] = {}  # the last one seen of each task, for call_name_of
         self._beating = threading.Event()
         self._beat_thread: Optional[threading.Thread] = None
         # (the done version read before the keys, the tasks done, the tasks another one stands in for)
@@ -66,26 +54,26 @@ class Membership:
         Returns the call names of the dead earlier incarnations it replaces (nothing to undo for them:
         a call to one of them fails, and callers look up the current one)."""
         rv = self.rendezvous
-        me = rpc_name(rv.job, rv.index, rv.incarnation)
-        _transport.start_endpoint(self._store, me, host, security, heartbeat_timeout)
+        me = call_name(rv.job, rv.index, rv.incarnation)
+        _calls.start_endpoint(self._store, me, host, security, heartbeat_timeout)
         self._store.add(rv.key("beat"), 1)  # a first beat before the new incarnation shows (see check_heartbeats)
         self._store.set(rv.key("incarnation"), str(rv.incarnation))
         if rv.incarnation > 0:
             self.stand_in(rv.job, rv.index, None)  # back: watched again (what stood in for it hands its work back)
         rv.mark("up")
         self._start_heartbeat()
-        return [rpc_name(rv.job, rv.index, k) for k in range(rv.incarnation)]
+        return [call_name(rv.job, rv.index, k) for k in range(rv.incarnation)]
 
     def incarnation_of(self, job: str, index: int) -> int:
         """How many times the task has been restarted, as its current incarnation wrote in the store."""
         key = self.rendezvous.key("incarnation", job, index)
         return int(self._store.get(key).decode()) if self._store.check([key]) else 0
 
-    def rpc_name_of(self, job: str, index: int) -> str:
-        """The RPC name of a task's current incarnation (the last one seen once the store is gone)."""
+    def call_name_of(self, job: str, index: int) -> str:
+        """The call name of a task's current incarnation (the last one seen once the store is gone)."""
         if self._store is not None:
             self._incarnations[(job, index)] = self.incarnation_of(job, index)
-        return rpc_name(job, index, self._incarnations.get((job, index), 0))
+        return call_name(job, index, self._incarnations.get((job, index), 0))
 
     def final_failure(self, job: str, index: int):
         """The task's recorded failure, unless the launcher will restart it (restarts left): then it
@@ -98,13 +86,13 @@ class Membership:
     def wait_for_restart(self, job: str, index: int, lost: str, cause: str, timeout: Optional[float] = None,
                          alive_ok: bool = False, beats_before: Optional[int] = None) -> str:
         """Wait until task (job, index), whose incarnation named `lost` is gone, has been restarted
-        and joined again; returns the new incarnation's RPC name.
+        and joined again; returns the new incarnation's call name.
 
         `alive_ok`: return `lost` itself when that incarnation goes on beating (ALIVE_BEATS beats since the
         wait began, or since the caller read `beats_before` with `beat_count`: a new incarnation beats once before it
         names itself, a dead one at most once more): it lives, only a connection to it was lost (cut off, or a
         stall), and the caller connects again.
-        Raises PeerLostError at once when the launcher will not restart it (no restarts left: a job that
+        Raises PeerLost at once when the launcher will not restart it (no restarts left: a job that
         allows none ends on a lost connection as on a lost task), and ClusterTimeoutError when it is not
         back within `timeout` (default: heartbeat + join timeouts, and no limit while another task stands in for it).
         """
@@ -115,7 +103,7 @@ class Membership:
         while True:
             if self._store is None:  # a thread of this task still waits as it leaves (a ps's watch for its backup)
                 raise ClusterLeftError(f"{self.name} has left the cluster: it waits for {name} no more")
-            current = self.rpc_name_of(job, index)
+            current = self.call_name_of(job, index)
             if current != lost:
                 return current
             incarnation = self._incarnations[(job, index)]
@@ -124,8 +112,8 @@ class Membership:
             if incarnation >= self.max_restarts:
                 failed = _failures.failure_of(self._store, job, index)
                 if failed is not None:  # it stopped on an error: that is the news
-                    raise PeerLostError(f"{self.name} lost {name}, which {failed.summary}", task=name)
-                raise PeerLostError(
+                    raise PeerLost(f"{self.name} lost {name}, which {failed.summary}", task=name)
+                raise PeerLost(
                     f"{self.name} lost {name} ({cause}), and it will not be restarted ({incarnation} of "
                     f"{self.max_restarts} restarts used). Launch with --max-restarts N: the launcher then restarts a "
                     "lost task and training goes on.",
@@ -262,7 +250,7 @@ class Membership:
                 f"the wait includes {_taskenv.ENV_JOIN_TIMEOUT}={self.join_timeout:g} s for it to come back)"
                 if may_restart else f"{self.heartbeat_timeout:g} s"
             )
-            raise PeerLostError(
+            raise PeerLost(
                 f"{name} at {self.cluster.task_address(t.job, t.task)} stopped answering: no heartbeat for "
                 f"{waited} and it never finished. It was killed or is hung; restart the cluster, or launch with "
                 f"--max-restarts N so the launcher restarts it (the wait is {_taskenv.ENV_HEARTBEAT_TIMEOUT}).",
@@ -272,7 +260,7 @@ class Membership:
     # --- watching while waiting --------------------------------------------------------------
 
     def check_peers(self, seen: Dict[str, tuple], serving: Sequence[str] = ()) -> None:
-        """Raise PeerLostError when another task that has not finished failed, or has stopped beating
+        """Raise PeerLost when another task that has not finished failed, or has stopped beating
         for longer than it could take to come back. Call it repeatedly with the same `seen` dict while
         waiting on other tasks, so that a dead one ends the wait instead of hanging it. Tasks of the
         jobs in `serving` (a worker waiting on the ps) are watched even once done; tasks another one stands in
@@ -281,7 +269,7 @@ class Membership:
         running = [t for t in self.cluster.tasks() if (t.job, t.task) != (rv.job, rv.index) and (
                    t.job in serving or (t.job, t.task) not in done) and (t.job, t.task) not in stood_in]
         for failed in self.failures_of(running):
-            raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
+            raise PeerLost(f"{failed.task} {failed.summary}", task=failed.task)
         self.check_heartbeats(running, seen)
 
     def wait_watching(self, future, serving: Sequence[str] = (), task: Optional[tuple] = None, every: float = 1.0) -> None:
@@ -298,7 +286,7 @@ class Membership:
     def wait_until_all_done(self, timeout: Optional[float]) -> None:
         """The end barrier: return once every task is done and the cluster's end is decided (ending.py).
 
-        Raises PeerLostError naming a task that failed for good or went silent, and
+        Raises PeerLost naming a task that failed for good or went silent, and
         ClusterTimeoutError when `timeout` seconds pass first.
         """
         rv = self.rendezvous
@@ -308,7 +296,7 @@ class Membership:
         while True:
             for failed in self.failures_of(tasks):
                 rv.mark("left")  # lets a failed coordinator stop waiting for us
-                raise PeerLostError(f"{failed.task} {failed.summary}", task=failed.task)
+                raise PeerLost(f"{failed.task} {failed.summary}", task=failed.task)
             done = self.done_tasks()
             missing = [t for t in tasks if (t.job, t.task) not in done]
             if not missing and _ending.try_end(self._store, [rv.key("done", t.job, t.task) for t in tasks]):

@@ -1,7 +1,7 @@
 """Why a task stopped, recorded once, where its launcher and the other tasks can read it.
 
 A task that dies of an uncaught exception records a `FailureRecord`: its own error (with its
-traceback), or a consequence of losing another task (`PeerLostError`, a remote call or gloo
+traceback), or a consequence of losing another task (`PeerLost`, a remote call or gloo
 connection that a gone peer closed). The record is made *before* the task lets go of anything
 the others depend on, and the cluster's store numbers it (`failures/count`): whatever a failure
 makes go wrong elsewhere is recorded after it, so the first failure is the own failure with the
@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.spec import split_address
-from towerflow.errors import ClusterTimeoutError, PeerLostError
+from towerflow.errors import ClusterTimeoutError, ConnectionLost, PeerLost
 
 ENV_ERROR_FILE = _taskenv.ENV_ERROR_FILE
 BOARD_TIMEOUT = 5.0  # seconds the store gets to answer a failing task (it may be gone too)
@@ -100,12 +100,12 @@ def cause_of(error: BaseException) -> Optional[str]:
     error is the task's own. Follows explicit `raise ... from` links."""
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, PeerLostError):
+        if _is_transport(error):  # the call's own sentence names the peer
+            return ""
+        if isinstance(error, PeerLost):
             return error.task or ""
         if isinstance(error, ClusterTimeoutError) and error.missing:  # it waited for tasks that never came
             return error.missing[0]
-        if _is_transport(error):
-            return ""
         seen.add(id(error))
         error = error.__cause__
     return None
@@ -230,7 +230,7 @@ def _board() -> Optional[_Board]:
     env = _task_env()
     address = env.store
     if address and etcd_url.is_etcd_url(address):
-        from towerflow.cluster import stores
+        from towerflow.cluster.store import stores
         from towerflow.cluster.spec import ClusterSpec
 
         if not env.cluster:  # the run's prefix is named after the cluster: unknown here
@@ -238,25 +238,16 @@ def _board() -> Optional[_Board]:
         return _Board(stores.open_etcd(address, ClusterSpec(env.cluster), BOARD_TIMEOUT, BOARD_TIMEOUT, "failure")[0])
     if address:
         host, port = split_address(address)
-        from towerflow.cluster import transport
+        from towerflow.cluster.store import c10d
 
-        store = transport.connect_store(host, port, BOARD_TIMEOUT, answer_within=BOARD_TIMEOUT)
-        return _Board(transport.prefix_store("towerflow", store))
-    transport = _loaded_transport()
-    if transport is None:  # no process group without torch
+        store = c10d.connect_store(host, port, BOARD_TIMEOUT, answer_within=BOARD_TIMEOUT)
+        return _Board(c10d.prefix_store("towerflow", store))
+    if "torch" not in sys.modules:  # no process group without torch
         return None
-    group_store = transport.group_store()
-    return _Board(transport.prefix_store("towerflow", group_store)) if group_store is not None else None
+    from towerflow.cluster.store import c10d
 
-
-def _loaded_transport():
-    """cluster/transport.py when torch is imported already, else None (no torch error or process group
-    can exist then): transport imports torch, and the launcher reads failure reports without it."""
-    if "torch" not in sys.modules:
-        return None
-    from towerflow.cluster import transport
-
-    return transport
+    group_store = c10d.group_store()
+    return _Board(c10d.prefix_store("towerflow", group_store)) if group_store is not None else None
 
 
 def _with_deadline(fn: Callable[[], Any]) -> Any:
@@ -316,15 +307,27 @@ _GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
 
 
 def _is_transport(error: BaseException) -> bool:
-    transport = _loaded_transport()
-    return transport is not None and (transport.is_peer_lost(error) or transport.is_group_peer_lost(error))
+    """Whether a call, a same-host link or a collective failed because a peer went away (not the task's own
+    error)."""
+    return isinstance(error, ConnectionLost) or _is_group_peer_lost(error)
+
+
+def _is_group_peer_lost(error: BaseException) -> bool:
+    """Whether a collective of the replicas' process group failed because a member is gone (gloo's
+    'Connection reset by peer' / 'closed by peer' / broken pipe), rather than because of this replica."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not isinstance(error, RuntimeError):
+        return False
+    text = str(error)
+    gone = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ECONNRESET", "EPIPE")
+    return ("gloo" in text or isinstance(error, dist.DistError)) and any(g in text for g in gone)
 
 
 def _transport_reason(error: BaseException) -> str:
     """A short reason for an error the transport raised because a peer went away (gloo's own text
     runs to source paths and advice meant for a single process)."""
     text = str(error)
-    if not _loaded_transport().is_group_peer_lost(error):
+    if not _is_group_peer_lost(error):
         return " ".join(text.split())  # the messaging layer's (or a same-host link's) own sentence names the peer
     what = next((g for g in _GONE if g in text), "connection lost")
     return f"lost a peer of its process group (gloo: {what})"

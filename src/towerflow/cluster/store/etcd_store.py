@@ -22,8 +22,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from towerflow.cluster import etcd as _etcd
-from towerflow.cluster.etcd import compare, put_op, range_kvs, range_op
+from towerflow.cluster.store import etcd as _etcd
+from towerflow.cluster.store.etcd import compare, put_op, range_kvs, range_op
 
 LEASE_TTL = 20  # seconds a run's keys outlive its last process
 OUTLIVE_TTL = 24 * 3600  # seconds a record that outlives its run is kept (`remember`)
@@ -97,7 +97,7 @@ class EtcdStore(dist.Store):
 
     def remember(self, name: str, value: str) -> None:
         """Keep `value` as record `name` for OUTLIVE_TTL s, whatever becomes of the run's lease: what a task
-        restarted after its run's keys expired must still learn (cluster/ending.py)."""
+        restarted after its run's keys expired must still learn (cluster/membership/ending.py)."""
         if self._outlive_lease is None:
             self._outlive_lease = self.client.grant(OUTLIVE_TTL)
         self.client.put(self._aside(b"outlive/" + name.encode()), value.encode(), self._outlive_lease)

@@ -23,7 +23,7 @@ from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.errors import ClusterTimeoutError, SchedulerError
 
 if TYPE_CHECKING:
-    from towerflow.cluster.transport import Store
+    from towerflow.cluster.store.c10d import Store
 
 _POLL = 0.05
 _PREFIX = "towerflow/gather"
@@ -65,22 +65,22 @@ def complete(resolved: Resolved, timeout: float, env: Optional[Mapping[str, str]
 
 
 def _store(host: str, port: int, hosting: bool, timeout: float) -> Store:
-    from towerflow.cluster import transport as _transport  # here: a slot whose scheduler names the cluster needs no torch
+    from towerflow.cluster.store import c10d as _c10d  # here: a slot whose scheduler names the cluster needs no torch
 
     if hosting:  # every interface: the others reach rank 0 by whatever address MASTER_ADDR is to them
         try:
-            return _transport.host_store(_transport.listen("0.0.0.0", port), timeout)
+            return _c10d.host_store(_c10d.listen("0.0.0.0", port), timeout)
         except OSError as e:
             raise SchedulerError(f"rank 0 cannot host the rendezvous on port {port} (MASTER_PORT): {e.strerror}; "
                                  "choose a free port with MASTER_PORT") from None
     deadline = time.monotonic() + timeout
-    while not _transport.port_is_open(host, port):
+    while not _c10d.port_is_open(host, port):
         if time.monotonic() > deadline:
             raise ClusterTimeoutError(
                 f"gave up after {timeout:g} s: nothing answers at the rendezvous {host}:{port} (rank 0 hosts it); "
                 "start rank 0, check MASTER_ADDR/MASTER_PORT, or raise TOWERFLOW_JOIN_TIMEOUT", missing=["rank 0"])
         time.sleep(0.2)
-    return _transport.connect_store(host, port, timeout)
+    return _c10d.connect_store(host, port, timeout)
 
 
 def _wait(store: Store, prefix: str, resolved: Resolved, timeout: float) -> List[str]:

@@ -24,12 +24,12 @@ import time
 from typing import Collection, Optional, Tuple
 
 from towerflow.cluster import addresses as _addresses
-from towerflow.cluster import ending as _ending
-from towerflow.cluster import stores as _stores
-from towerflow.cluster.stores import proof
+from towerflow.cluster.membership import ending as _ending
+from towerflow.cluster.store import stores as _stores
+from towerflow.cluster.store.stores import proof
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
-from towerflow.cluster import transport as _transport
+from towerflow.cluster.store import c10d as _c10d
 from towerflow.cluster.spec import ClusterSpec, split_address
 from towerflow.errors import ClusterJoinError, ClusterTimeoutError
 
@@ -108,7 +108,7 @@ class Rendezvous:
     def host(self) -> None:
         """Serve the store at this task's address (the coordinator, when no launcher hosts one)."""
         try:
-            sock = _transport.listen(self.binding.host, self.binding.port)
+            sock = _c10d.listen(self.binding.host, self.binding.port)
         except OSError as e:
             raise self._bind_error(e, port_taken_by=None) from None
         self.port = sock.getsockname()[1]
@@ -137,7 +137,7 @@ class Rendezvous:
         bind_error = None
         if self.binding is not None:  # None: a torchrun-named rank, whose entry is not its own address
             try:
-                self._sock = _transport.listen(self.binding.host, self.binding.port)
+                self._sock = _c10d.listen(self.binding.host, self.binding.port)
                 self.port = self._sock.getsockname()[1]
             except OSError as e:
                 bind_error = e
@@ -168,7 +168,7 @@ class Rendezvous:
             c_host = _addresses.dial_host(self.cluster, c_host)
         n = len(self.cluster.tasks())
         said = time.monotonic() - SAY_EVERY + 1.0  # first message after a second of waiting
-        while not _transport.port_is_open(c_host, c_port):
+        while not _c10d.port_is_open(c_host, c_port):
             now = time.monotonic()
             if bind_error is not None:
                 raise self._bind_error(bind_error, None)
@@ -184,8 +184,8 @@ class Rendezvous:
                 say(f"{self.name}: waiting for {c_name} at {c_address} — 1 of {n} tasks up")
                 said = now
             time.sleep(POLL)
-        store = _transport.connect_store(c_host, c_port, max(1.0, deadline - time.monotonic()))
-        self.store = _transport.prefix_store("towerflow", store)
+        store = _c10d.connect_store(c_host, c_port, max(1.0, deadline - time.monotonic()))
+        self.store = _c10d.prefix_store("towerflow", store)
         return json.loads(self._get(_stores.PUBLISHER_KEY, deadline, c_name, c_address))
 
     def _check_publisher(self, info: dict) -> None:

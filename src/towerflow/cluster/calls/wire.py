@@ -22,7 +22,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from towerflow.cluster import wire_flat
+from towerflow.cluster.calls import wire_flat
 from towerflow.errors import RemoteError
 
 CALL, REPLY, FAILURE = 1, 2, 3  # the envelope's kind: a pickled message

@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
-from towerflow.cluster import transport as _transport
-from towerflow.errors import ClusterError, ClusterTimeoutError, PeerLostError
+from towerflow.cluster.store import c10d as _c10d
+from towerflow.errors import ClusterError, ClusterTimeoutError, PeerLost
 
 _POLL = 0.05
 _SAY_EVERY = 5.0
@@ -29,7 +29,7 @@ def replica_names(cluster: Dict[str, List[str]], world_size: int) -> List[str]:
 
 
 def join(master_addr: str, master_port: int, rank: int, names: Sequence[str], timeout: float,
-         prefix: Optional[str] = None) -> _transport.Store:
+         prefix: Optional[str] = None) -> _c10d.Store:
     """Meet the other replicas in the store at master_addr:master_port (rank 0 hosts it; with `prefix`,
     torchrun's agent does, and every replica meets under that prefix as a client).
 
@@ -73,10 +73,10 @@ def join(master_addr: str, master_port: int, rank: int, names: Sequence[str], ti
 
 
 def group_store(master_addr: str, master_port: int, hosting: bool, timeout: float,
-                prefix: Optional[str] = None) -> _transport.Store:
+                prefix: Optional[str] = None) -> _c10d.Store:
     """The replicas' store (served here when `hosting`), seen under `prefix` when one is given."""
-    store = _transport.replica_group_store(master_addr, master_port, hosting, timeout)
-    return _transport.prefix_store(prefix, store) if prefix else store
+    store = _c10d.replica_group_store(master_addr, master_port, hosting, timeout)
+    return _c10d.prefix_store(prefix, store) if prefix else store
 
 
 class Heartbeat:
@@ -89,7 +89,7 @@ class Heartbeat:
     """
 
     def __init__(self, master_addr: str, master_port: int, rank: int, names: Sequence[str], timeout: float,
-                 store: Optional[_transport.Store] = None, every: float = 1.0, prefix: Optional[str] = None):
+                 store: Optional[_c10d.Store] = None, every: float = 1.0, prefix: Optional[str] = None):
         self.rank, self.names, self.timeout, self.every = rank, list(names), timeout, every
         # rank 0 uses the store it serves; the others their own connection with a short timeout, so
         # that a cut-off rank 0 makes a store call fail instead of blocking the watch
@@ -158,9 +158,9 @@ class Heartbeat:
         return None
 
     def _lost(self, rank: int, silent: float) -> None:
-        from towerflow.cluster import failures
+        from towerflow.cluster.membership import failures
 
-        error = PeerLostError(
+        error = PeerLost(
             f"{self.names[rank]} stopped answering: no heartbeat for {silent:.0f} s and it never finished (killed, "
             "hung, or its host cut off). The all-reduce cannot go on without it; this replica exits. Launch with "
             "--max-restarts N to restart the replicas from the newest checkpoint (the wait is "

@@ -29,10 +29,10 @@ import sys
 import time
 from typing import Collection, Sequence, Tuple
 
-from towerflow.cluster import failures as _failures
-from towerflow.cluster import stores as _stores
-from towerflow.cluster import transport as _transport
-from towerflow.cluster.transport import Store
+from towerflow.cluster.membership import failures as _failures
+from towerflow.cluster.store import stores as _stores
+from towerflow.cluster.calls import endpoint as _calls
+from towerflow.cluster.store.c10d import Store
 
 END_KEY = "cluster/end"  # "" or a rejoin's mark while the cluster runs, ENDED once its work is over
 ENDED = "ended"
@@ -99,7 +99,7 @@ def take_back_done(store: Store, done_key: str) -> bool:
 
 def leave_together(rendezvous, wait_s: float = 10.0, absent: Collection[Tuple[str, int]] = ()) -> None:
     """The barrier before closing this task's endpoint, once the cluster has ended (see
-    transport.stop_endpoint): no task closes while another may still wait on a reply of its. A task that never
+    calls/endpoint.py, stop_endpoint): no task closes while another may still wait on a reply of its. A task that never
     comes (it died after finishing) only costs the wait; one known `absent` (another task stands in for it:
     membership.stand_in) is not waited for."""
     rendezvous.mark("leaving")
@@ -111,15 +111,15 @@ def leave(rendezvous, graceful: bool, absent: Collection[Tuple[str, int]] = ()) 
     with the others but those `absent`, and the task that hosts the store last), else at once (a failure)."""
     try:
         if graceful:
-            _transport.stop_endpoint(graceful=True, everyone_leaving=lambda: leave_together(rendezvous, absent=absent))
+            _calls.stop_endpoint(graceful=True, everyone_leaving=lambda: leave_together(rendezvous, absent=absent))
             rendezvous.mark("left")
             if rendezvous.hosts_store:  # the store must outlive everyone's leave
                 rendezvous.wait_for_others("left", 30.0, absent)
         else:
-            _transport.stop_endpoint(graceful=False)
+            _calls.stop_endpoint(graceful=False)
     except Exception:
-        if _transport.is_endpoint_running():
-            _transport.stop_endpoint(graceful=False)
+        if _calls.is_endpoint_running():
+            _calls.stop_endpoint(graceful=False)
     finally:
         _failures.detach(rendezvous.store)
         rendezvous.close()

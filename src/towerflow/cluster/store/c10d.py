@@ -1,0 +1,128 @@
+"""The c10d stores: the rendezvous store a task or the launcher hosts, and a replicas' process-group store.
+
+A TCPStore bound to one address only, served on a socket held from the moment its port is chosen
+(`listen`, `host_store`); clients that give up on a port that accepts but never answers
+(`connect_store`); keys under a prefix (`prefix_store`). With `etcd_store.py` the only cluster
+code that imports torch.distributed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+from typing import Any, Dict, Optional
+
+import torch.distributed as dist
+
+from towerflow.errors import ClusterJoinError
+
+Store = dist.Store
+
+
+def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections at host:port (a cheap check before a store connect)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Hold host:port for this task: a listening socket bound to that address only (loopback stays loopback).
+
+    Raises OSError: EADDRINUSE when the port is taken, EADDRNOTAVAIL when host is not this machine.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; a live listener still refuses
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def host_store(sock: socket.socket, timeout: float) -> dist.TCPStore:
+    """Serve the rendezvous store on a socket from `listen()` (TCPStore alone would bind every interface)."""
+    host, port = sock.getsockname()[:2]
+    store = dist.TCPStore(
+        host,
+        port,
+        None,
+        True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+        use_libuv=True,
+    )
+    sock.detach()  # the store owns the descriptor now and closes it when it goes
+    return store
+
+
+def connect_store(host: str, port: int, timeout: float, answer_within: float = 10.0) -> dist.TCPStore:
+    """Connect to a coordinator's store that is known to be listening.
+
+    A TCPStore client waits forever on a port that accepts but never answers (another
+    program), so the connect runs in a helper thread and gives up after `answer_within` s.
+    """
+    out: Dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            out["store"] = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
+        except Exception as e:  # handed to the caller below
+            out["error"] = e
+
+    t = threading.Thread(target=connect, name="towerflow-store-connect", daemon=True)
+    t.start()
+    t.join(answer_within)
+    if t.is_alive():
+        raise ClusterJoinError(
+            f"something at {host}:{port} accepts connections but does not answer as a towerflow coordinator "
+            "(another program on that port?). Free the port or change the cluster spec."
+        )
+    if "error" in out:
+        raise out["error"]
+    return out["store"]
+
+
+def prefix_store(prefix: str, store: Store) -> Store:
+    return dist.PrefixStore(prefix, store)
+
+
+def group_store() -> Optional[Store]:
+    """The store of this process's default process group (its rank 0 hosts it), or None."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def replica_group_store(host: str, port: int, is_master: bool, timeout: float) -> dist.TCPStore:
+    """The store of a replicas' process group at MASTER_ADDR:MASTER_PORT: rank 0 serves it (not waiting
+    for the others: `replica_rendezvous` does that and names whoever is missing), the rest connect,
+    retrying until `timeout`."""
+    started = time.monotonic()
+    if not is_master:
+        _wait_until_listening(host, port, timeout)
+    remaining = max(1.0, timeout - (time.monotonic() - started))
+    return dist.TCPStore(host, port, None, is_master, timeout=datetime.timedelta(seconds=remaining),
+                         wait_for_workers=False)
+
+
+def _wait_until_listening(host: str, port: int, timeout: float) -> None:
+    """Wait until something accepts connections at host:port; RuntimeError after `timeout` s. torch's store
+    client would retry as well, but prints a C++ stack trace on every failed try before its error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.05, min(1.0, deadline - time.monotonic()))).close()
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"nothing accepted a connection at {host}:{port} within {timeout:g} s ({e})") from None
+            time.sleep(0.1)
