@@ -239,7 +239,7 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
     for _ in range(warmup):
         one()
     compute = step_s = pack["s"] = 0.0
-    wait0 = strategy.client._pull_wait_s
+    wait0 = strategy.client.counters.pull_wait_s
     ps0 = endpoint.call_async("ps:0", me._ps_timers_now).wait() if worker == 0 else None
     ps_u0 = endpoint.call_async("ps:0", me._ps_usage).wait() if worker == 0 else None
     u0 = _usage()
@@ -252,7 +252,7 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
         u1 = _usage()
         ps1 = endpoint.call_async("ps:0", me._ps_timers_now).wait()
         ps_u1 = endpoint.call_async("ps:0", me._ps_usage).wait()
-        wait = strategy.client._pull_wait_s - wait0
+        wait = strategy.client.counters.pull_wait_s - wait0
         wall = end - t0
         out["per_step_us"] = {k: v / steps * 1e6 for k, v in {
             "wall": wall, "compute": compute, "step": step_s, "pack": pack["s"], "wait_reply_and_install": wait,

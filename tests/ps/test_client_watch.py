@@ -33,7 +33,7 @@ class FakeServer:
 
 def _client(server) -> PSClient:
     params = dict(torch.nn.Linear(3, 2).named_parameters())
-    client = PSClient(server, "model", 0, True, torch.device("cpu"), PolicySpec("sync", 2), prefetch=False, steps=None)
+    client = PSClient(server, "model", 0, True, torch.device("cpu"), PolicySpec("sync", 2), prefetch=False)
     client.attach(plan_layout(params, 2), params, torch.optim.SGD, {"lr": 0.1})
     return client
 

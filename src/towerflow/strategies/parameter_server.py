@@ -38,6 +38,7 @@ from towerflow.ps.server.policies import make_policy
 from towerflow.ps.server.optimizers import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
+from towerflow.ps.worker import inspection
 from towerflow.ps.worker.client import PSClient
 from towerflow.ps.worker.file_position import resume_point
 from towerflow.ps.worker.local_steps import check_local_steps
@@ -126,9 +127,10 @@ class ParameterServerStrategy(Strategy):
             )
         super().__init__(torch_device, device_name, num_replicas=len(replicas), replica_id=replicas.index(here))
         self.client = PSClient(self.server, model_name, replicas.index(here), here == replicas[0], torch_device,
-                               spec, prefetch, self.steps)
-        self.client.ps_replicas = self.ps_replicas = ps_replicas  # 2: each ps task's part mirrored on the next
-        self.client.replica_lag = self.ps_replica_lag = ps_replica_lag  # > 0: replication runs behind, bounded
+                               spec, prefetch, on_global_step=self.steps.restore, ps_replicas=ps_replicas,
+                               replica_lag=ps_replica_lag)
+        self.ps_replicas = ps_replicas  # 2: each ps task's part mirrored on the next
+        self.ps_replica_lag = ps_replica_lag  # > 0: replication runs behind, bounded
         self.recovery = Recovery(self.client)
         self.mode = mode
         self._described = described
@@ -218,9 +220,9 @@ class ParameterServerStrategy(Strategy):
             row_optimizer = sparse_optimizer if sparse_optimizer is not None else row_optimizer_for(optimizer)
         settings = {k: v for k, v in groups[0].items() if k != "params"}
         self.client.attach(plan_layout(params, self.num_ps, self.placement, self.partition),
-                           params, type(optimizer), settings, specs, values, row_optimizer)
+                           params, type(optimizer), settings, specs, values, row_optimizer,
+                           replan=lambda n: plan_layout(params, n, self.placement, self.partition))
         del values
-        self.client.replan = lambda n: plan_layout(params, n, self.placement, self.partition)
         if tables:
             self.lookups = TableLookups(model, tables, lambda ids: self.recovery.guarded(lambda: self.client.read_rows(ids)),
                                         self.device)
@@ -248,16 +250,16 @@ class ParameterServerStrategy(Strategy):
 
     def ps_metrics(self) -> Dict[str, dict]:
         """Each ps task's counters (global step, updates, dropped stale gradients, staleness, bytes per worker)."""
-        return self.recovery.guarded(self.client.ps_metrics)
+        return self.recovery.guarded(lambda: inspection.ps_metrics(self.client.calls))
 
     def variables(self) -> Dict[str, torch.Tensor]:
         """The current values on the ps tasks, reassembled per variable (for checks and checkpoints)."""
-        return self.recovery.guarded(self.client.values)
+        return self.recovery.guarded(lambda: inspection.values(self.client.calls, self.client.model))
 
     def table_values(self) -> Dict[str, torch.Tensor]:
         """Every fixed embedding table, put together from the ps tasks (brings whole tables here: for checks
         and small exports)."""
-        return self.recovery.guarded(self.client.table_values)
+        return self.recovery.guarded(lambda: inspection.table_values(self.client.calls, self.client.model))
 
     # ---- collectives: none between workers; each worker reports its own view
     def reduce(self, value: Any, op: str = "mean") -> torch.Tensor:
@@ -266,10 +268,8 @@ class ParameterServerStrategy(Strategy):
 
     def finish(self) -> None:
         """Say this worker is done (slower peers stop waiting for it); waits for its pushes first."""
-        if self.client.finished or not self.client.channels:
-            self.client.finished = True
+        if not self.client.begin_finish():
             return
-        self.client.finished = True
         self.recovery.guarded(self.client.finish)
         self.client.announce_finished()  # a restored ps learns it
 

@@ -48,7 +48,7 @@ def restore(client, publish: Callable[[str, str], None]) -> Optional[Dict[int, s
              for ch in client.channels]
     for ch, f in calls:
         client.wait(ch, f)
-    client.opened = True
+    client.mark_opened()
     return sources
 
 

@@ -258,7 +258,7 @@ class Recovery:
             for ch, todo in zip(client.channels, todos):
                 if todo is not None:
                     ch.pushes += 1
-                    calls.append(client._push_pull_call(ch, *todo))
+                    calls.append(client.resend(ch, *todo))
                 elif r == max(rounds, 1) - 1:  # the last round: this task counts every push; the step's pull
                     last = ch.sent[-1][1] if ch.sent else None
                     calls.append(client.call(ch, Endpoints.pull, client.worker, last.clock if last else ch.pushes,
@@ -274,7 +274,7 @@ class Recovery:
         for ch in client.channels:
             ch.sent.clear()
             ch.sent.extend(kept[ch.task])
-        client.pushes = max(client.pushes, clock)
+        client.keep_clock(clock)
         return lost
 
     def _wait_for_steps(self, todos: List[Optional[tuple]]) -> None:
@@ -326,7 +326,7 @@ class Recovery:
             calls.append((ch, client.create(ch, part, finished, open_now=True, restored_for=restored_for)))
         for ch, f in calls:
             client.wait(ch, f)
-        client.opened = True
+        client.mark_opened()
         return path
 
     def say_rejoined(self, restarted_at: Optional[str]) -> None:
