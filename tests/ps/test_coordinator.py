@@ -9,7 +9,7 @@ import pytest
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import PolicySpec, Ticket
 from towerflow.ps.server.coordinator import Collecting, Coordinator, Finished, Go, Open, Wait
-from towerflow.ps.server.policies import (
+from towerflow.ps.policies import (
     Apply,
     AsyncPolicy,
     Drop,

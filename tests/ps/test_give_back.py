@@ -13,7 +13,7 @@ from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import DropOp, PushOp, ReplicaFrame, SeedOp, part_key
 from towerflow.ps.server import endpoints
 from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server.policies import AsyncPolicy
+from towerflow.ps.policies import AsyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _service
 
 KEY = part_key("model", 0)

@@ -12,7 +12,7 @@ from towerflow.errors import ParameterServerError
 from towerflow.ps import plan_layout
 from towerflow.ps.messages import PushPull, RowPush
 from towerflow.ps.messages import Ticket
-from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
+from towerflow.ps.policies import AsyncPolicy, SSPPolicy, SyncPolicy
 from towerflow.ps.server.service import ShardService
 from towerflow.ps.worker.local_steps import check_local_steps
 from towerflow.ps.worker.optimizer import PSOptimizer

@@ -14,7 +14,7 @@ from towerflow.ps.server import fresh_seeds as _fresh_seeds
 from towerflow.ps.server import mirror as _mirror
 from towerflow.ps.server.mirror import Mirror
 from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
+from towerflow.ps.policies import AsyncPolicy, SyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
 
 

@@ -12,7 +12,7 @@ from towerflow.cluster.link import shm_ring
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.server import fresh_seeds as _fresh_seeds
 from towerflow.ps.server import mirror_link as _mirror_link
-from towerflow.ps.server.policies import AsyncPolicy
+from towerflow.ps.policies import AsyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
 
 pytestmark = pytest.mark.skipif(not shm_ring.supported(), reason="the ring's tickets need x86-64's store order")

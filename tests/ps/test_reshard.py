@@ -9,7 +9,7 @@ import torch
 from towerflow.ps.layout import plan_layout
 from towerflow.ps.messages import EarlierWorkers, RowPush
 from towerflow.ps.messages import Ticket
-from towerflow.ps.server.policies import AsyncPolicy
+from towerflow.ps.policies import AsyncPolicy
 from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import SparseAdagrad

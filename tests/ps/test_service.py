@@ -10,7 +10,7 @@ import torch
 from towerflow.errors import ParameterServerError
 from towerflow.ps import plan_layout
 from towerflow.ps.messages import EarlierWorkers, Rejoined
-from towerflow.ps.server.policies import AsyncPolicy, SSPPolicy, SyncPolicy
+from towerflow.ps.policies import AsyncPolicy, SSPPolicy, SyncPolicy
 from towerflow.ps.server.service import ShardService
 
 

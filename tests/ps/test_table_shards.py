@@ -7,7 +7,7 @@ import torch
 from towerflow.ps.layout import plan_layout
 from towerflow.ps.messages import RowPush
 from towerflow.ps.messages import Ticket
-from towerflow.ps.server.policies import SyncPolicy
+from towerflow.ps.policies import SyncPolicy
 from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import SparseAdagrad

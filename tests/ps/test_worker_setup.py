@@ -13,7 +13,7 @@ import towerflow
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.launch.local import PS_SERVE_MODULE, plan_local
 from towerflow.ps.messages import Endpoint, Endpoints, PolicySpec
-from towerflow.ps.server.policies import SSPPolicy, SyncPolicy, make_policy
+from towerflow.ps.policies import SSPPolicy, SyncPolicy, make_policy
 
 CLUSTER = {"worker": ["localhost:1", "localhost:2"], "ps": ["localhost:3"]}
 

@@ -10,7 +10,7 @@ TF 1.x's between-graph replication with `replica_device_setter`, for PyTorch:
 values and the optimizer's type and settings, and the ps tasks own the optimizer state from
 then on. Each `optimizer.step()` packs this worker's gradients into one flat buffer per ps
 task (reused, no per-element Python), pushes them to every ps at once, and pulls the new
-values back into the model; how pushes become updates is the mode (`ps/server/policies.py`).
+values back into the model; how pushes become updates is the mode (`ps/policies.py`).
 With `prefetch=True` (async and ssp) the next values are pulled while the worker computes.
 With `local_steps=k` (k > 1, geo-SGD) the optimizer steps on the worker and every k-th step
 pushes the parameter delta instead (`ps/worker/local_steps.py`).
@@ -34,8 +34,8 @@ from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.ps.layout import Layout, Partition, plan_layout
 from towerflow.ps.messages import PolicySpec
 from towerflow.ps.replication_messages import check_ps_replicas, check_replica_lag
-from towerflow.ps.server.policies import make_policy
-from towerflow.ps.server.optimizers import check_optimizer
+from towerflow.ps.policies import make_policy
+from towerflow.ps.elementwise import check_optimizer
 from towerflow.ps.tables import PARTITION_STRATEGIES
 from towerflow.ps.tables.row_optimizers import RowOptimizer, row_optimizer_for
 from towerflow.ps.worker import inspection

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import EarlierWorkers, Ticket
-from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
+from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 
 
 # ---- states (snapshots; `Coordinator.state` returns one)

@@ -32,7 +32,7 @@ from towerflow.ps.server import mirror_link as _mirror_link
 from towerflow.ps.server import snapshot as _snapshot
 from towerflow.ps.server import to_backup as _to_backup
 from towerflow.ps.server.mirror import Mirror
-from towerflow.ps.server.policies import make_policy
+from towerflow.ps.policies import make_policy
 from towerflow.ps.server.replies import UNREPLICATED
 from towerflow.ps.server.service import ShardService
 from towerflow.ps.tables.table_shards import TableShards

@@ -1,31 +1,15 @@
-"""Which optimizers a ps task can run over its flat shards, and the warm-up before serving.
+"""A ps task's optimizers: the warm-up before serving, and their step without torch's per-step wrapper.
 
-An update of a flat buffer is, element for element, the update a local optimizer makes to each
-variable only when the optimizer is elementwise: the update of each element depends on that
-element's history alone. So only those run on the ps.
+Which optimizers may run here at all is `ps/elementwise.py`'s rule, checked by the worker before it
+sends anything and by the ps when it builds one.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Type
+from typing import Callable
 
 import torch
 import torch.optim.optimizer as _torch_optimizer
-
-from towerflow.errors import ParameterServerError
-
-# Elementwise optimizers: the update of each element depends only on that element's history.
-ELEMENTWISE_OPTIMIZERS = ("SGD", "Adagrad", "Adam", "AdamW", "Adamax", "Adadelta", "RMSprop", "NAdam", "RAdam", "ASGD")
-
-
-def check_optimizer(cls: Type[torch.optim.Optimizer]) -> None:
-    """Refuse optimizers whose update of an element depends on other elements (LBFGS, Rprop-like norms)."""
-    name = getattr(cls, "__name__", repr(cls))
-    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or name not in ELEMENTWISE_OPTIMIZERS:
-        raise ParameterServerError(
-            f"optimizer {name!r} cannot run on parameter servers: the ps applies updates shard by shard, which is exact "
-            f"only for elementwise optimizers; use one of {', '.join(ELEMENTWISE_OPTIMIZERS)} from torch.optim"
-        )
 
 
 def warm_up() -> None:

@@ -33,8 +33,9 @@ from towerflow.ps.layout import ShardSpec
 from towerflow.ps.server.coordinator import Coordinator, Go
 from towerflow.ps.messages import (PUSH_KINDS, EarlierWorkers, Pulled, PushOutcome, PushPull, PushPulled, Rejoined,
                                    RowPush, RowRead, Ticket)
-from towerflow.ps.server.optimizers import check_optimizer, unhooked_step
-from towerflow.ps.server.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
+from towerflow.ps.elementwise import check_optimizer
+from towerflow.ps.server.optimizers import unhooked_step
+from towerflow.ps.policies import Apply, Drop, Hold, PullRequest, UpdatePolicy
 from towerflow.ps.replication_messages import FinishOp, LoadStateOp, PushOp, RejoinOp, RowsReadOp
 from towerflow.ps.server.replies import UNREPLICATED
 from towerflow.ps.tables.table_shards import TableShards

@@ -24,13 +24,19 @@ builds one too, only to refuse a bad mode or setting before anything is sent.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Dict, Optional, Protocol, Sequence
 
 from towerflow.errors import ParameterServerError, did_you_mean
 from towerflow.ps.messages import PolicySpec, Ticket
 
-if TYPE_CHECKING:  # pragma: no cover
-    from towerflow.ps.server.coordinator import Coordinator
+
+class Coordinator(Protocol):
+    """What a policy reads of the ps's coordinator (`ps/server/coordinator.py`): nothing else."""
+
+    global_step: int
+    held: Sequence[int]  # workers whose gradients wait for an aggregated update
+    active: Sequence[int]  # workers that have not finished
+    clocks: Dict[int, int]  # each worker's pushes
 
 MODES = ("async", "sync", "ssp")
 
@@ -79,22 +85,22 @@ class UpdatePolicy:
     staleness_aware_lr = False
     aggregates = False  # whether pushes are held until a set of them makes one update (the state is Collecting)
 
-    def need(self, c: "Coordinator") -> int:
+    def need(self, c: Coordinator) -> int:
         """How many gradients make one update now."""
         return 1
 
-    def on_finish(self, c: "Coordinator") -> Optional["Apply"]:
+    def on_finish(self, c: Coordinator) -> Optional["Apply"]:
         """A worker finished: an update the held gradients now make, or None."""
         return None
 
-    def on_push(self, c: "Coordinator", worker: int, ticket: Ticket):  # pragma: no cover - abstract
+    def on_push(self, c: Coordinator, worker: int, ticket: Ticket):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def pull_blocker(self, c: "Coordinator", request: PullRequest) -> Optional[str]:
+    def pull_blocker(self, c: Coordinator, request: PullRequest) -> Optional[str]:
         """Why `request` must wait, or None when it may go now."""
         return None
 
-    def ticket(self, c: "Coordinator", request: PullRequest) -> Ticket:
+    def ticket(self, c: Coordinator, request: PullRequest) -> Ticket:
         return Ticket(c.global_step)
 
     def _scale(self, staleness: int) -> float:
