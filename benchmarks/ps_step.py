@@ -18,6 +18,7 @@ The issue's setup: an MLP 64-256-256-10 on scikit-learn's 8x8 digits, batch 32 p
 * ps_rpc_before, ps_hosts_before, ps_hosts_before_tcp: the tree of --before-src (torch.distributed.rpc):
   on one host with TOWERFLOW_PS_LINK=zmq; across the namespace hosts; and across them with TensorPipe's
   tensors over TCP instead of CMA, as between machines (see _on_hosts).
+* ps_shm_before: ps_shm in the tree of --before-src (any checkout: a change's cost on the one-host step).
 * zmq_bare_local, zmq_bare_hosts: the ceiling, a ps written directly on pyzmq (no towerflow, no authentication,
   one zero-copy frame each way), on loopback and on the three namespace hosts (_bare_zmq_ps.py).
 
@@ -47,7 +48,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 CONTENDERS = ("one_process", "rpc_loop", "ps_rpc", "ps_shm", "ps_shm_prefetch", "ps_hosts", "ps_hosts_auth",
-              "ps_rpc_before", "ps_hosts_before", "ps_hosts_before_tcp", "zmq_bare_local", "zmq_bare_hosts")
+              "ps_rpc_before", "ps_shm_before", "ps_hosts_before", "ps_hosts_before_tcp", "zmq_bare_local",
+              "zmq_bare_hosts")
 BATCH, LR = 32, 0.05
 MODEL = os.environ.get("PS_STEP_MODEL", "small")  # small | large (set by --model for every process)
 
