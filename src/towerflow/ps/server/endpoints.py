@@ -4,8 +4,7 @@ Every function takes the model's name first (one ps process may hold several mod
 requests and replies of `ps/messages.py`. A ps process keeps its `ShardService`s in this module's
 registry; the chief creates them (`create`), and the other workers wait until it has
 initialized them (`wait_ready`) before their first pull. Functions that may wait (a sync pull,
-a finish, a rejoin) are `deferred`: they answer with a future, so the messaging thread never blocks. The
-per-step calls that never wait (a row read, a push alone) are `quick`: run where they arrive.
+a finish, a rejoin) are `deferred`: they answer with a future, so the messaging thread never blocks.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from towerflow.cluster.link import shm_ring as _shm_ring
 from towerflow.cluster.calls import endpoint as _calls
 from towerflow.cluster.calls.names import call_name
 from towerflow.errors import ParameterServerError
-from towerflow.ps.messages import CreateShards, PartMoved, PushOutcome, PushPull, PushPulled, RowRead, Ticket
+from towerflow.ps.messages import CreateShards, PartMoved, PushPull, PushPulled, RowRead
 from towerflow.ps.replication_messages import (PROMOTED, DropOp, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
                                                move_key, part_key, ps_hosts, unreplicated_key)
 from towerflow.ps.server import linked as _linked
@@ -343,12 +342,6 @@ def read_rows(model: str, request: RowRead) -> torch.futures.Future:
     done: torch.futures.Future = torch.futures.Future()
     done.set_result(rows)
     return done
-
-
-@_calls.quick
-def push(model: str, worker: int, ticket: Ticket, grads: List[torch.Tensor], lr: Optional[float] = None) -> PushOutcome:
-    """A push alone (no pull back)."""
-    return _get(model).push(worker, ticket, grads, lr)
 
 
 @_calls.deferred

@@ -368,10 +368,6 @@ class Replicator:
             self._send(backup, ReplicaFrame(self.model, self.task, self.sender, seq, DropOp()))
 
     # ---- reporting
-    @property
-    def is_degraded(self) -> bool:
-        return self.backup is None
-
     def metrics(self) -> dict:
         """What `towerflow top` shows of replication: the backup, ops forwarded, how far its acks lag, degraded."""
         with self._lock:
