@@ -12,7 +12,7 @@ from towerflow.cluster.link import shm_ring
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import DropOp, PushOp, ReplicaFrame, SeedOp, part_key
 from towerflow.ps.server import endpoints
-from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.replication import snapshot as _snapshot
 from towerflow.ps.server.policies import AsyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _service
 

@@ -16,10 +16,10 @@ from towerflow.cluster.spec import ClusterSpec
 from towerflow.errors import ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import PROMOTED, move_key, part_key
-from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server.mirror import Mirror
+from towerflow.ps.server.replication import snapshot as _snapshot
+from towerflow.ps.server.replication.mirror import Mirror
 from towerflow.ps.server.policies import AsyncPolicy, SyncPolicy
-from towerflow.ps.server.replication import Replicator
+from towerflow.ps.server.replication.replicator import Replicator
 from towerflow.ps.worker.client import ps_task_lost
 from towerflow.ps.worker.recovery import Recovery
 from tests.ps.test_send_again import _Client as _RecordingClient

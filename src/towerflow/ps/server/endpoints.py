@@ -27,10 +27,10 @@ from towerflow.ps.messages import CreateShards, PartMoved, PushPull, PushPulled,
 from towerflow.ps.replication_messages import (PROMOTED, DropOp, MirrorState, ReplicaFrame, SeedOp, backup_of, is_part_key,
                                                move_key, part_key, ps_hosts, unreplicated_key)
 from towerflow.ps.server import linked as _linked
-from towerflow.ps.server import mirror_link as _mirror_link
-from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server import to_backup as _to_backup
-from towerflow.ps.server.mirror import Mirror
+from towerflow.ps.server.replication import mirror_link as _mirror_link
+from towerflow.ps.server.replication import snapshot as _snapshot
+from towerflow.ps.server.replication import to_backup as _to_backup
+from towerflow.ps.server.replication.mirror import Mirror
 from towerflow.ps.server.policies import make_policy
 from towerflow.ps.server.replies import UNREPLICATED
 from towerflow.ps.server.service import ShardService
