@@ -37,4 +37,4 @@ def test_the_endpoint_name_is_what_the_ps_unpickles_once_as_its_function():
     kind, call = _across(wire.Call(Endpoints.push_pull_flat, ("model",)))
     from towerflow.ps.server import endpoints
 
-    assert call.fn is endpoints.push_pull_flat
+    assert call.fn is endpoints.endpoint("push_pull_flat")

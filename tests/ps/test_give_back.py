@@ -12,7 +12,7 @@ from towerflow.cluster.link import shm_ring
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import DropOp, PushOp, ReplicaFrame, SeedOp, part_key
 from towerflow.ps.server import endpoints
-from towerflow.ps.server import snapshot as _snapshot
+from towerflow.ps.server.replication import snapshot as _snapshot
 from towerflow.ps.policies import AsyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _service
 
@@ -68,39 +68,35 @@ def test_dropping_a_ring_fed_mirror_stops_the_writer_and_unmaps_the_reader(monke
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    """endpoints' registries empty, as in a fresh ps task named /job:ps/task:2."""
-    monkeypatch.setattr(endpoints, "_mirrors", {})
-    monkeypatch.setattr(endpoints, "_dropped", set())
-    monkeypatch.setattr(endpoints, "_services", {})
-    monkeypatch.setattr(endpoints._server, "current", lambda: types.SimpleNamespace(name="/job:ps/task:2"))
-    return endpoints
+def served():
+    """A fresh ps task's state, the task named /job:ps/task:2."""
+    return endpoints.ServedModels(types.SimpleNamespace(name="/job:ps/task:2"))
 
 
 def _seed(sender: str, seq: int = 1) -> ReplicaFrame:
     return ReplicaFrame(KEY, 0, sender, seq, SeedOp(_snapshot.take(_service(AsyncPolicy()))))
 
 
-def test_the_backup_lets_go_of_a_given_back_part_and_refuses_its_late_ops(registry, capsys):
-    assert registry.replicate(_seed("ps:1#0")).wait() == 1
-    assert (KEY, 0) in registry._mirrors
-    assert registry.replicate(ReplicaFrame(KEY, 0, "ps:1#0", 5, DropOp())).wait() == 5
-    assert (KEY, 0) not in registry._mirrors
+def test_the_backup_lets_go_of_a_given_back_part_and_refuses_its_late_ops(served, capsys):
+    assert served.replicate(_seed("ps:1#0")).wait() == 1
+    assert (KEY, 0) in served._mirrors
+    assert served.replicate(ReplicaFrame(KEY, 0, "ps:1#0", 5, DropOp())).wait() == 5
+    assert (KEY, 0) not in served._mirrors
     assert "drops its mirror of /job:ps/task:0's part of 'model@0': ps:1#0, which fed it, gave the part back" \
         in capsys.readouterr().err
-    twice = registry.replicate(ReplicaFrame(KEY, 0, "ps:1#0", 5, DropOp()))  # sent again on another connection
-    assert twice.wait() == 5 and (KEY, 0) not in registry._mirrors  # no mirror made for it
-    again = registry.replicate(_seed("ps:1#0", 9))  # the same task promoted anew later: its seed is taken
-    assert again.wait() == 9 and registry._mirrors[(KEY, 0)].fed_by == "ps:1#0"
+    twice = served.replicate(ReplicaFrame(KEY, 0, "ps:1#0", 5, DropOp()))  # sent again on another connection
+    assert twice.wait() == 5 and (KEY, 0) not in served._mirrors  # no mirror made for it
+    again = served.replicate(_seed("ps:1#0", 9))  # the same task promoted anew later: its seed is taken
+    assert again.wait() == 9 and served._mirrors[(KEY, 0)].fed_by == "ps:1#0"
 
 
-def test_a_late_op_of_a_dropped_feed_is_refused_without_making_a_mirror(registry):
-    registry.replicate(_seed("ps:1#0")).wait()
-    registry.replicate(ReplicaFrame(KEY, 0, "ps:1#0", 3, DropOp())).wait()
+def test_a_late_op_of_a_dropped_feed_is_refused_without_making_a_mirror(served):
+    served.replicate(_seed("ps:1#0")).wait()
+    served.replicate(ReplicaFrame(KEY, 0, "ps:1#0", 3, DropOp())).wait()
     frame = ReplicaFrame(KEY, 0, "ps:1#0", 2, _push_op())
     with pytest.raises(Exception, match="gave /job:ps/task:0's part of 'model@0' back"):
-        registry.replicate(frame).wait()
-    assert registry._mirrors == {}
+        served.replicate(frame).wait()
+    assert served._mirrors == {}
 
 
 def _push_op():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from towerflow.ps.server.own_connections import OwnConnections
+from towerflow.ps.server.replication.own_connections import OwnConnections
 
 
 class _Channel:

@@ -16,10 +16,10 @@ from towerflow.cluster.spec import ClusterSpec
 from towerflow.errors import ClusterTimeoutError, ParameterServerError
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import PROMOTED, move_key, part_key
-from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server.mirror import Mirror
+from towerflow.ps.server.replication import snapshot as _snapshot
+from towerflow.ps.server.replication.mirror import Mirror
 from towerflow.ps.policies import AsyncPolicy, SyncPolicy
-from towerflow.ps.server.replication import Replicator
+from towerflow.ps.server.replication.replicator import Replicator
 from towerflow.ps.worker.client import ps_task_lost
 from towerflow.ps.worker.recovery import Recovery
 from tests.ps.test_send_again import _Client as _RecordingClient
@@ -183,13 +183,7 @@ class _Client(_RecordingClient):
         assert (restarted, wait_open) == (False, False)
         self.channels[0].pushes = 9  # ps 0's backup lacks the last push
 
-    def keep_clock(self, pushes):
-        self.pushes = max(self.pushes, pushes)
-
-    def mark_opened(self):
-        self.opened = True
-
-    def resend(self, ch, buffers, push):
+    def _push_pull_call(self, ch, buffers, push):
         self.pushed_again.append((ch.task, ch.via, push.clock))
         return ("push", ch.task)
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import towerflow
+from towerflow.cluster.calls import wire
 from towerflow.errors import ParameterServerError, StrategyError
 from towerflow.launch.local import PS_SERVE_MODULE, plan_local
 from towerflow.ps.messages import Endpoint, Endpoints, PolicySpec
@@ -53,7 +54,11 @@ def test_every_call_a_worker_names_arrives_as_the_ps_function_of_that_name():
     named = {name: e for name, e in vars(Endpoints).items() if isinstance(e, Endpoint)}
     assert "push_pull" in named and len(named) > 10
     for name, endpoint in named.items():
-        assert endpoint.name == name and pickle.loads(pickle.dumps(endpoint)) is getattr(endpoints, name)
+        assert endpoint.name == name and pickle.loads(pickle.dumps(endpoint)) is endpoints.endpoint(name)
+        method = getattr(endpoints.ServedModels, name)
+        assert endpoints.endpoint(name).__wrapped__ is method  # run on this task's ServedModels, marked as it is
+        assert getattr(endpoints.endpoint(name), wire.ANSWERS_LATER, False) == getattr(method, wire.ANSWERS_LATER, False)
+    assert getattr(endpoints.endpoint("pull"), wire.ANSWERS_LATER)
 
 
 def test_the_strategy_keeps_the_mode_it_was_given(monkeypatch):

@@ -23,22 +23,22 @@ from towerflow.ps.layout import ShardSpec
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import RowOptimizer
 
-# The ps module whose functions the endpoints name: named, not imported, since a worker runs none of them.
+# The ps module that resolves a call's name (`endpoint(name)`): named, not imported, since a worker runs no ps code.
 ENDPOINTS_MODULE = "towerflow.ps.server.endpoints"
 
 
 @functools.lru_cache(maxsize=None)
 def _endpoint_function(name: str) -> Callable:
-    """The ps's function `name`: what an `Endpoint` becomes when the ps unpickles a call (every step's call
+    """The ps's call `name`: what an `Endpoint` becomes when the ps unpickles a call (every step's call
     names one, so each is looked up once)."""
-    return getattr(importlib.import_module(ENDPOINTS_MODULE), name)
+    return importlib.import_module(ENDPOINTS_MODULE).endpoint(name)
 
 
 @wire.names_a_function
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
-    """A function of the ps's endpoints module, by name: it pickles as a reference that the ps unpickles
-    as the function itself, so `calls.endpoint.call_async(ps, Endpoint("pull"), ...)` runs `pull` there."""
+    """A call of the ps, by name: it pickles as a reference that the ps unpickles as the function that runs it
+    there, so `calls.endpoint.call_async(ps, Endpoint("pull"), ...)` runs the ps's `pull`."""
 
     name: str
 
@@ -47,7 +47,7 @@ class Endpoint:
 
 
 class Endpoints:
-    """Every call a worker makes on a ps task (the ps's endpoints module defines each, same name)."""
+    """Every call a worker makes on a ps task (a method of the same name of the ps's `endpoints.ServedModels`)."""
 
     create = Endpoint("create")
     open_model = Endpoint("open_model")

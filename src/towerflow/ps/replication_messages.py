@@ -1,8 +1,8 @@
 """What crosses the wire between a primary ps task and its backup, and from a backup to the chief.
 
 A shard's primary forwards every call that changes its state, numbered, to the ps task that mirrors
-it (`server/replication.py`), which applies them in that order (`server/mirror.py`): a `ShardService`
-decides the same way given the same calls in the same order, so the mirror stays equal to the
+it (`server/replication/replicator.py`), which applies them in that order (`server/replication/mirror.py`):
+a `ShardService` decides the same way given the same calls in the same order, so the mirror stays equal to the
 primary. Each call is a small frozen op; `ReplicaFrame` numbers one. `ServiceSnapshot` is a whole
 service's state (what seeds a mirror, and what the chief restores a lost primary from). Plain data
 only, like `messages.py`: both sides and the chief import it.

@@ -2,7 +2,8 @@
 
 `towerflow launch` runs this on every ps task, so a training script runs only on the chief and
 the workers. The Server finds its task from the flags or from the launcher's environment; the
-ps then serves the shards the chief creates (`ps/server/endpoints.py`) until every task is done.
+ps then serves the shards the chief creates (`ps/server/endpoints.py`: this task's `ServedModels`,
+made here) until every task is done.
 The program sits at the top of `ps/`, beside what it runs, so that its command stays
 `towerflow.ps.serve`: the launcher, error messages and docs name it.
 """
@@ -16,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from towerflow.cluster.server import Server
-from towerflow.ps.server import endpoints
+from towerflow.ps.server.endpoints import served_here
 from towerflow.ps.server.monitor import PSRecorder
 from towerflow.ps.server.optimizers import warm_up
 
@@ -40,9 +41,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     task = server.context
     if not task.threads_set_by_user:  # the ps shares the host's cores with the other local tasks, as workers do
         torch.set_num_threads(server.cluster.threads_per_local_task(os.cpu_count() or 1))
+    served = served_here(server)
     warm_up()  # while the workers build their models
     logdir = task.logdir
-    recorder = PSRecorder(logdir, f"ps:{server.task_index}", endpoints.services,
+    recorder = PSRecorder(logdir, f"ps:{server.task_index}", served.services,
                           restarts=task.restart_count).start() if logdir else None
     try:
         server.join()

@@ -1,4 +1,5 @@
-"""This process's endpoint for calls between tasks, while it is part of a cluster: start, call, stop.
+"""This process's endpoint for calls between tasks, while it is part of a cluster: start, call, stop, and the
+state that the functions called here share (`served`).
 
 Calls go through one ZeroMQ endpoint per process (`messaging.py`); a task is reachable once its
 endpoint's address is in the rendezvous store, so joining costs one store write whatever the
@@ -7,7 +8,8 @@ cluster's size (docs/scaling.md). Measured choices: docs/benchmarks.md, "Messagi
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import threading
+from typing import Callable, Optional, Type, TypeVar
 
 import torch
 
@@ -17,6 +19,8 @@ from towerflow.errors import ClusterError, ClusterJoinError
 
 _current = None  # this process's messaging.Endpoint, while it is part of a cluster (zmq is imported only then)
 _ADDRESS_KEY = "calls/address/"  # + a task incarnation's call name: where its endpoint listens
+_making_served = threading.Lock()
+T = TypeVar("T")
 
 deferred = _wire.deferred
 quick = _wire.quick
@@ -76,6 +80,23 @@ def direct_channel(to: str):
 def reconnect(to: str) -> None:
     """The next call to task `to` opens a new connection: its last one was lost, and the task may live on."""
     _serving(to).reconnect(to)
+
+
+def served(kind: Type[T], make: Callable[[], T]) -> T:
+    """The one `kind` whose methods the calls to this task run (a ps task's `ServedModels`): made by `make` the first
+    time it is asked for, by the task's program or by the first call that needs it, and kept as long as this
+    endpoint serves (a task started again in this process starts with a new one)."""
+    endpoint = _current
+    if endpoint is None:
+        raise ClusterError(f"no call can reach this process's {kind.__name__}: it serves no endpoint (start "
+                           "towerflow.Server first)")
+    state = endpoint.served.get(kind)
+    if state is None:
+        with _making_served:
+            state = endpoint.served.get(kind)
+            if state is None:
+                state = endpoint.served[kind] = make()
+    return state
 
 
 def on_socket_thread() -> bool:

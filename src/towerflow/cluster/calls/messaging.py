@@ -91,6 +91,7 @@ class Endpoint:
         self._poller = zmq.Poller()
         for s in (self._server, self._outbox_in):
             self._poller.register(s, zmq.POLLIN)
+        self.served: Dict[type, Any] = {}  # the state the functions called here share, by kind (`endpoint.served`)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"towerflow-messaging {name}", daemon=True)
         self._thread.start()

@@ -1,5 +1,5 @@
 """How a ps task's replies go out: `Released` replies complete their futures, which sends them; without a backup
-(`--ps-replicas 1`) at once (`UNREPLICATED`), with one once it holds what they show (`replication.Replicator`)."""
+(`--ps-replicas 1`) at once (`UNREPLICATED`), with one once it holds what they show (`replication/replicator.py`)."""
 
 from __future__ import annotations
 

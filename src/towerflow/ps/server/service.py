@@ -71,7 +71,7 @@ class ShardService:
         self.lr: Optional[float] = None  # the workers' lr schedule, for the tables' row optimizer
         self.coordinator = Coordinator(policy, num_workers)
         self._lock = threading.Lock()
-        self.replica = UNREPLICATED  # replication.py: each mutating call forwarded to the backup, replies after its ack
+        self.replica = UNREPLICATED  # replicator.py: each mutating call forwarded to the backup, replies after its ack
         self._sum: Optional[List[torch.Tensor]] = None  # sync: running sum of held gradients (reused)
         self._summed = 0
         self.push_kind: Optional[str] = None  # "grad" or "delta": fixed by the first push (every worker pushes alike)

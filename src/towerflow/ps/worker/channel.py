@@ -39,7 +39,7 @@ class Channel:
         self._views: List[tuple] = []  # (a reply slot's tensors, the parameters' views into them), per slot
         self.link_tried_for: Optional[str] = None  # the ps incarnation (call name) a link was last offered to
         # (push buffer set, PushPull) of the last two steps sent here: a ps restored from its mirror may lack
-        # them (ps/server/replication.py), and their buffers are not reused before the step after
+        # them (ps/server/replication/replicator.py), and their buffers are not reused before the step after
         self.sent: Deque[tuple] = collections.deque(maxlen=2)
 
     def use_link(self, link) -> None:

@@ -1,7 +1,7 @@
 """The chief's restore of lost ps tasks from their mirrors (`--ps-replicas 2`), leaving the others as they are.
 
 A restarted ps task comes back empty. With replicated shards its part lives on in the mirror its backup
-holds (`ps/server/mirror.py`), equal to the lost primary up to the last op it forwarded, which covers
+holds (`ps/server/replication/mirror.py`), equal to the lost primary up to the last op it forwarded, which covers
 every reply a worker got. So the chief asks each empty task's backup for its mirror and sends it to the
 task; the tasks that kept their state are not touched (no step goes back). When an empty task's
 backup holds no mirror fed by the lost incarnation (it was lost too, or restarted since), or that

@@ -226,7 +226,7 @@ class Recovery:
     def _send_again(self, sent: Dict[int, int], clock: int) -> int:
         """After a restore from mirrors, put this worker back where it was, as if nothing had happened. A ps task
         restored from its mirror may lack this worker's last push or two (the reply to a push waits only for the
-        one before it to reach the backup: ps/server/replication.py), whichever call saw the loss; they are pushed
+        one before it to reach the backup: ps/server/replication/replicator.py), whichever call saw the loss; they are pushed
         again, oldest first, each round waiting for its replies (a sync push must see its step's update before
         the next), and the values of the last round are installed: for a ps task that lacked nothing, the pull
         the last step made (sync: after that step's update). A training step the loss interrupted is so

@@ -2,7 +2,7 @@
 
 A thread that may wait (a worker's same-host link thread) sends its ops on a connection of its own and reads
 their acks itself, when its next reply needs them, instead of two hand-offs to the messaging thread per op
-(`cluster/calls/direct.py`, `mirror_link.py`). `replication.Replicator` decides what is sent and when a reply may go;
+(`cluster/calls/direct.py`, `mirror_link.py`). `replicator.Replicator` decides what is sent and when a reply may go;
 this keeps, per thread, which connection each backup has and which acks are unread.
 """
 

@@ -1,7 +1,7 @@
 """A served part's replication, wired to this process: which backup its ops go to, by which path, and what
 a fenced primary does.
 
-`replication.py` is the protocol with its connections injected; this module injects this ps task's:
+`replicator.py` is the protocol with its connections injected; this module injects this ps task's:
 remote calls through `cluster/calls/endpoint.py`, a same-host link and ring for a link thread's pushes
 (`mirror_link.py`), the store's compare-and-set for the "goes on alone" mark. A part is fed from the task
 that serves it: its own primary, or the backup serving it while promoted (`endpoints.promote`), whose ops
@@ -20,9 +20,9 @@ from towerflow.cluster.calls import endpoint as _calls
 from towerflow.errors import ConnectionLost
 from towerflow.ps.messages import Endpoints
 from towerflow.ps.replication_messages import PROMOTED, ReplicaFrame, move_key, unreplicated_key
-from towerflow.ps.server import mirror_link as _mirror_link
-from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server.replication import Replicator
+from towerflow.ps.server.replication import mirror_link as _mirror_link
+from towerflow.ps.server.replication import snapshot as _snapshot
+from towerflow.ps.server.replication.replicator import Replicator
 from towerflow.ps.server.service import ShardService
 
 FENCED_EXIT = 75  # a primary that learns its backup was promoted in its place stops with this status
@@ -57,7 +57,7 @@ def replicate(model: str, task: int, service: ShardService, backup_task: int, re
 
 
 def _fence(name: str, why: str) -> None:
-    """This primary may answer no worker again (replication.py): stop; the launcher restarts it, and the chief
+    """This primary may answer no worker again (replicator.py): stop; the launcher restarts it, and the chief
     restores the new incarnation from the part its backup served meanwhile."""
     print(f"towerflow: {name}: stopping without answering any worker again: {why}", file=sys.stderr, flush=True)
     os._exit(FENCED_EXIT)

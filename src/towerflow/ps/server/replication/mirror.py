@@ -1,6 +1,6 @@
 """A backup ps task's side of replication: one mirror of a primary's part of a model, fed in order.
 
-The primary (`replication.py`) sends a seed (a `ServiceSnapshot`), then every state-changing call it
+The primary (`replicator.py`) sends a seed (a `ServiceSnapshot`), then every state-changing call it
 makes, numbered, by remote calls or, on one host, through shared memory (`mirror_link.py`): there its
 pushes wait in rings that this mirror takes from whenever another op arrives or its state is read. The
 mirror is a `ShardService` of its own that nobody pulls from. It holds each frame until the ones
@@ -9,7 +9,7 @@ feeds the mirror, is ignored), applies the ops strictly in their numbers' order,
 frame with the last number it holds in order: the primary's acknowledgement. Holding is what the
 primary needs; applying can wait. So the ops stay queued, unapplied, up to `MIRROR_HOLD_BYTES` of their
 tensors: a primary whose whole state is small sends a fresh seed every so often
-(`fresh_seeds.py`), which makes the ops queued before it moot, and a backup then never runs the
+(`replicator.FreshSeeds`), which makes the ops queued before it moot, and a backup then never runs the
 primary's optimizer at all. Past the bound, or when the state is asked for (a restore, a promotion),
 the thread that finds them applies the queued ops, unless another thread is applying already (then it
 leaves them to that one): no thread of its own, so no wake-up per op.
@@ -33,8 +33,8 @@ from towerflow.cluster.link.shm_ring import RingReader
 from towerflow.errors import ParameterServerError
 from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, DropOp, FinishOp, LoadStateOp, MirrorState, PushOp,
                                                RejoinOp, ReplicaFrame, ReplicaOp, RowsReadOp, SeedOp, op_nbytes)
-from towerflow.ps.server import snapshot as _snapshot
-from towerflow.ps.server.mirror_link import push_frame
+from towerflow.ps.server.replication import snapshot as _snapshot
+from towerflow.ps.server.replication.mirror_link import push_frame
 from towerflow.ps.server.service import ShardService
 
 class Mirror:
