@@ -5,7 +5,7 @@ A lost task's part goes to its backup, the next ps task round the ring, once the
 `TOWERFLOW_PS_PROMOTE_AFTER` seconds, or at once when the launcher will not restart it and its heartbeats have
 stopped. A promoted backup feeds a mirror of the part to the next task in turn, so when it is lost too, that task
 takes the part over. Every worker asks the same tasks in the same order, and a task that serves a part already
-answers yes to all of them (`ps/server/endpoints.promote`).
+answers yes to all of them (`ServedModels.promote`, ps/server/endpoints.py).
 """
 
 from __future__ import annotations
