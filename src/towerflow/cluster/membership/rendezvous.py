@@ -19,7 +19,6 @@ import hmac
 import json
 import os
 import socket
-import sys
 import time
 from typing import Collection, Optional, Tuple
 
@@ -27,7 +26,7 @@ from towerflow.cluster import addresses as _addresses
 from towerflow.cluster.membership import ending as _ending
 from towerflow.cluster.store import stores as _stores
 from towerflow.cluster.store.stores import proof
-from towerflow import etcd_url
+from towerflow import _log, etcd_url
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.store import c10d as _c10d
 from towerflow.cluster.spec import ClusterSpec, split_address
@@ -36,10 +35,6 @@ from towerflow.errors import ClusterJoinError, ClusterTimeoutError
 SAY_EVERY = 5.0  # seconds between repeated waiting messages
 POLL = 0.1
 BEAT_EVERY = 1.0  # each task bumps its heartbeat counter in the store this often (membership.py)
-
-
-def say(text: str) -> None:
-    print(f"towerflow: {text}", file=sys.stderr, flush=True)
 
 
 def task_name(job: str, index: int) -> str:
@@ -181,7 +176,7 @@ class Rendezvous:
                     missing=[c_name],
                 )
             if now - said >= SAY_EVERY:
-                say(f"{self.name}: waiting for {c_name} at {c_address} — 1 of {n} tasks up")
+                _log.get("cluster", self.name).info(f"waiting for {c_name} at {c_address} — 1 of {n} tasks up")
                 said = now
             time.sleep(POLL)
         store = _c10d.connect_store(c_host, c_port, max(1.0, deadline - time.monotonic()))
@@ -304,7 +299,7 @@ class Rendezvous:
                     missing=[task_name(t.job, t.task) for t in missing],
                 )
             if now - said >= SAY_EVERY:
-                say(f"{self.name}: waiting for {names[0]} — {len(tasks) - len(missing)} of {len(tasks)} {what}")
+                _log.get("cluster", self.name).info(f"waiting for {names[0]} — {len(tasks) - len(missing)} of {len(tasks)} {what}")
                 said = now
             time.sleep(POLL)
 
