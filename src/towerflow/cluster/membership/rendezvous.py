@@ -27,6 +27,7 @@ from towerflow.cluster.membership import ending as _ending
 from towerflow.cluster.store import stores as _stores
 from towerflow.cluster.store.stores import proof
 from towerflow import _log, etcd_url
+from towerflow._waiting import wait_until
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.store import c10d as _c10d
 from towerflow.cluster.spec import ClusterSpec, split_address
@@ -211,14 +212,9 @@ class Rendezvous:
             )
 
     def _get(self, key: str, deadline: float, who: str, where: str) -> bytes:
-        while not self.store.check([key]):
-            if time.monotonic() > deadline:
-                raise ClusterTimeoutError(
-                    f"{self.name}: {who} at {where} accepted a connection but never published the cluster",
-                    task=self.name,
-                    missing=[who],
-                )
-            time.sleep(POLL)
+        wait_until(lambda: self.store.check([key]), deadline - time.monotonic(),
+                   f"{self.name}: {who} at {where} accepted a connection but never published the cluster", POLL,
+                   lambda text: ClusterTimeoutError(text, task=self.name, missing=[who]))
         return self.store.get(key)
 
     # --- the slot ----------------------------------------------------------------------------
@@ -321,11 +317,11 @@ class Rendezvous:
         """Wait (at most `seconds`) until every other task, but those (job, index) `absent`, has set its `kind` key."""
         others = [t for t in self.cluster.tasks() if (t.job, t.task) != (self.job, self.index)
                   and (t.job, t.task) not in absent]
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and others:
-            others = self.unmarked(kind, others)
-            if others:
-                time.sleep(POLL)
+        def all_marked() -> bool:
+            others[:] = self.unmarked(kind, others)
+            return not others
+
+        wait_until(all_marked, seconds, "", POLL, on_timeout=None)
 
     # --- facts -------------------------------------------------------------------------------
 
