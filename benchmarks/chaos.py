@@ -55,7 +55,7 @@ _RECONNECTED = re.compile(r"had not stopped \(its heartbeats went on\): connecte
 def recovered_line(task: str) -> re.Pattern:
     """The line that says `task` is back after a kill: a restored ps (the workers say so), a worker training
     again, or a restart that found the training over (it exits 0)."""
-    return re.compile(re.escape(task) + r"( is back| rejoined training| \(restart \d+\) has nothing to rejoin)")
+    return re.compile(re.escape(task) + r":?( is back| rejoined training| \(restart \d+\) has nothing to rejoin)")
 
 
 class Output:

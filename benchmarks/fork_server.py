@@ -29,7 +29,7 @@ REPO = os.path.dirname(HERE)
 DATA = os.path.join(REPO, "..", "shared", "data", "mnist-t10k")
 FIRST_STEP = re.compile(r"^\[worker:0\] step \d+/")
 STARTED = re.compile(r"/job:worker/task:1 \(pid (\d+)\)")
-REJOINED = re.compile(r"/job:worker/task:1 rejoined training")
+REJOINED = re.compile(r"/job:worker/task:1: rejoined training")
 
 
 def one_launch(fork_server: bool, steps: int, data: str, timeout: float) -> dict:

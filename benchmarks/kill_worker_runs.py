@@ -33,7 +33,7 @@ from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "mnist-t10k"
-RECOVERED = re.compile(r"\[worker:1\] towerflow: /job:worker/task:1 (rejoined training|\(restart \d+\) has nothing to rejoin)")
+RECOVERED = re.compile(r"\[worker:1\] towerflow: /job:worker/task:1: (rejoined training|\(restart \d+\) has nothing to rejoin)")
 
 
 class _Launch:

@@ -121,7 +121,7 @@ def test_a_restarted_server_exits_0_when_the_cluster_has_ended(monkeypatch, caps
     with pytest.raises(SystemExit) as exit_:
         ending.rejoin_or_exit(s.rendezvous)
     assert exit_.value.code == 0
-    assert "/job:worker/task:1 (restart 1) has nothing to rejoin" in capsys.readouterr().err
+    assert "/job:worker/task:1: (restart 1) has nothing to rejoin" in capsys.readouterr().err
     assert {"leaving/worker/1", "left/worker/1"} <= set(s.rendezvous.store.d)  # the others' leave does not wait for it
 
 

@@ -186,7 +186,7 @@ def test_a_peer_with_another_token_is_refused_before_anything_is_unpickled(endpo
         stranger.call("server", _echo, (_Tripwire(),), timeout=10).wait()
     assert _calls_run == [] and _unpickled == []
     if mode == AUTHENTICATE:  # CURVE refuses a wrong key in the handshake itself, before the gate is asked
-        assert "server refused a connection from 127.0.0.1" in capfd.readouterr().err
+        assert "server: refused a connection from 127.0.0.1" in capfd.readouterr().err
     friend = endpoints("friend", token="right", mode=mode, book={"server": server.address})
     friend.call("server", _echo, (1,), timeout=10).wait()
     assert _calls_run == [1]

@@ -32,7 +32,7 @@ def test_a_killed_worker_is_restarted_and_rejoins_async_training(launcher, tmp_p
     assert run.wait(60) == 0, run.describe()
 
     assert re.search(r"/job:worker/task:1 \(pid \d+\) was killed by signal 9; restarting it \(1 of 1\)", run.err), run.err
-    assert "[worker:1] towerflow: /job:worker/task:1 rejoined the cluster (restart 1) as worker:1:r1, in place of " \
+    assert "[worker:1] towerflow: /job:worker/task:1: rejoined the cluster (restart 1) as worker:1:r1, in place of " \
            "worker:1" in run.err, run.err
     m = re.search(r"rejoined training \(restart 1\) at global step (\d+); the ps kept its (\d+) earlier pushes;.*"
                   r"down ([\d.]+) s", run.err)

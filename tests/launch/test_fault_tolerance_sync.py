@@ -41,7 +41,7 @@ def _kill_worker_1(run, folder: Path) -> int:
 def _rejoined_at(run) -> tuple:
     """(the global step when worker 1 rejoined, the pushes the ps had from its killed incarnation)."""
     wait_until(lambda: "rejoined training" in run.err or run.popen.poll() is not None, 60, "worker 1 to rejoin")
-    m = re.search(r"\[worker:1\] towerflow: /job:worker/task:1 rejoined training \(restart 1\) at global step (\d+); "
+    m = re.search(r"\[worker:1\] towerflow: /job:worker/task:1: rejoined training \(restart 1\) at global step (\d+); "
                   r"the ps kept its (\d+) earlier pushes", run.err)
     assert m, run.describe()
     return int(m.group(1)), int(m.group(2))

@@ -60,7 +60,7 @@ def test_a_worker_killed_at_any_moment_is_restarted_and_the_run_ends_well(launch
     assert run.wait(90) == 0, run.describe()
     assert re.search(RESTARTED, run.err), run.describe()
     _assert_fit(run)
-    rejoined = re.search(r"\[worker:1\] towerflow: /job:worker/task:1 rejoined training \(restart 1\) at global step "
+    rejoined = re.search(r"\[worker:1\] towerflow: /job:worker/task:1: rejoined training \(restart 1\) at global step "
                          r"(\d+); the ps kept its (\d+) earlier pushes; lost: (.*?); down", run.err)
     assert rejoined, run.describe()
     assert "'rejoins_by_worker': {1: 1}" in run.out, run.out
@@ -89,7 +89,7 @@ def test_the_chief_killed_while_another_task_is_joining_does_not_stop_the_join(l
     os.kill(int(first.read_text().split()[0]), signal.SIGKILL)
     _kill_at_the_moment(run, tmp_path, pids[victim])  # worker 1's restart is inside its join now
     assert run.wait(90) == 0, run.describe()
-    assert "[worker:1] towerflow: /job:worker/task:1 rejoined the cluster (restart 1)" in run.err, run.describe()
+    assert "[worker:1] towerflow: /job:worker/task:1: rejoined the cluster (restart 1)" in run.err, run.describe()
     assert re.search(rf"{re.escape(victim)} \(pid \d+\) was killed by signal 9; restarting it", run.err), run.describe()
     _assert_fit(run)
 

@@ -63,7 +63,7 @@ def test_ctr_on_two_ps_survives_killed_ps_tasks_and_reaches_the_best_auc(launche
     assert chief_back.search(run.err), run.describe()
     first_s = time.monotonic() - killed
     for task in (0, 1):
-        assert f"[ps:{task}] towerflow: /job:ps/task:{task} rejoined the cluster (restart 1)" in run.err, run.describe()
+        assert f"[ps:{task}] towerflow: /job:ps/task:{task}: rejoined the cluster (restart 1)" in run.err, run.describe()
     restored = int(re.findall(r"restored every ps task from ckpt-(\d+)\.pt", run.err)[-1])
     wait_until(lambda: any(s >= restored + 60 for s in _checkpoint_steps(logdir)) or run.popen.poll() is not None, 120,
                "training past the first restore")

@@ -88,7 +88,7 @@ def test_the_launcher_profiles_each_worker_of_an_unchanged_script(launcher, tmp_
     assert run.wait(100) == 0, run.describe()
     for worker in (0, 1):
         said = re.search(rf"\[worker:{worker}\] towerflow: worker:{worker}: profiled 10 steps \(global steps (\d+) to "
-                         rf"\d+\): (\S+\.trace\.json)", run.out)
+                         rf"\d+\): (\S+\.trace\.json)", run.err)
         assert said and int(said.group(1)) >= 20, run.describe()
         assert "aten::embedding_bag" in _named(said.group(2))  # its own forward, in its own file
         assert "aten::" in (tmp_path / "profile" / said.group(2).rsplit("/", 1)[1].replace(".trace.json", ".txt")).read_text()

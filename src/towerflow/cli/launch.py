@@ -145,10 +145,12 @@ def config_of(args) -> LaunchConfig:
 
 
 def run(args) -> int:
+    from towerflow import _log
     from towerflow.errors import TowerflowError
     from towerflow.launch import planning
 
     config = config_of(args)
+    _log.configure("launcher")  # what the library says in this process names it
     try:
         plan = planning.plan_launch(config)
         return planning.run(config, plan)

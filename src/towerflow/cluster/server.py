@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from towerflow import _log
 from towerflow import library_env as _library_env
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
@@ -30,7 +31,7 @@ from towerflow.cluster import exit_hooks as _exit_hooks
 from towerflow.cluster.membership import failures as _failures
 from towerflow.cluster.calls.names import call_name
 from towerflow.cluster.membership.membership import Membership
-from towerflow.cluster.membership.rendezvous import Rendezvous, say, task_name
+from towerflow.cluster.membership.rendezvous import Rendezvous, task_name
 from towerflow.cluster.store.stores import host_rendezvous
 from towerflow.cluster.spec import ClusterLike, ClusterSpec, split_address
 from towerflow.devices.spec import DeviceSpec
@@ -169,6 +170,7 @@ class Server:
                 )
             _current = self
         self._set_local_task()
+        _log.configure(self.name)  # this task's diagnostics name it from here on
         _exit_hooks.install()  # a failure to join is reported to the launcher like any other
         _dump_stacks_on_sigusr1()
         deadline = time.monotonic() + self.join_timeout
@@ -185,7 +187,7 @@ class Server:
         _exit_hooks.leave_at_exit(rv.store, abort=self.abort, join=self.join)
         if self.incarnation > 0:
             me = call_name(self.job_name, self.task_index, self.incarnation)
-            say(f"{self.name} rejoined the cluster (restart {self.incarnation}) as {me}, in place of "
+            _log.get("cluster", self.name).info(f"rejoined the cluster (restart {self.incarnation}) as {me}, in place of "
                 f"{', '.join(self.replaced) or 'none'}")
         return self
 

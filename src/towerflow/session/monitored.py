@@ -12,11 +12,11 @@ and writes summaries; every task writes metrics records and loops until a hook a
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
+from towerflow import _log
 from towerflow import taskenv as _taskenv
 from towerflow.monitoring.accumulator import FlushRule
 from towerflow.monitoring.metrics import EVENT_END, EVENT_FAILED, EVENT_START, MetricsWriter
@@ -128,8 +128,9 @@ class MonitoredTrainingSession:
         if latest is None:
             return
         if not ps_restored and self.global_step > 0 and latest.step <= self.global_step:
-            _say(f"{self.task}: kept the running state at global step {self.global_step}; the newest checkpoint "
-                 f"({os.path.basename(latest.path)}, step {latest.step}) is not newer")
+            _log.get("session", self.task).info(f"kept the running state at global step {self.global_step}; the "
+                                                 f"newest checkpoint "
+                                                 f"({os.path.basename(latest.path)}, step {latest.step}) is not newer")
             return
         self.restored = self.checkpoints.restore(self.model, None if ps_restored else self.optimizer, latest)
         self._set_global_step(self.restored.step)
@@ -211,10 +212,6 @@ class MonitoredTrainingSession:
                     self.metrics.write(self.global_step, local_step=self.local_steps, event=EVENT_FAILED,
                                        error=f"{exc_type.__name__}: {exc}"[:300])
                 self.metrics.close()
-
-
-def _say(text: str) -> None:
-    print(f"towerflow: {text}", file=sys.stderr, flush=True)
 
 
 def _local_device_name() -> str:

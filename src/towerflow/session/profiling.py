@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from towerflow import _log
 from towerflow._io import atomic_write
 from towerflow.session.hooks import SessionHook
 
@@ -82,6 +83,6 @@ class ProfilerHook(SessionHook):
             f.write(f"{session.task}: {self._taken} steps from global step {self._first} to {session.global_step}\n")
             f.write(table)
         self.written = trace
-        print(f"towerflow: {session.task}: profiled {self._taken} steps (global steps {self._first} to "
-              f"{session.global_step}): {trace} (chrome://tracing or ui.perfetto.dev), the ops by time in {base}.txt",
-              flush=True)
+        _log.get("session", session.task).info(
+            f"profiled {self._taken} steps (global steps {self._first} to {session.global_step}): {trace} "
+            f"(chrome://tracing or ui.perfetto.dev), the ops by time in {base}.txt")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import itertools
-import sys
 import threading
 import time
 import traceback
@@ -30,6 +29,7 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from towerflow import _log
 from towerflow.cluster.calls import wire
 from towerflow.cluster.calls.wire_security import ENCRYPT, WireSecurity
 from towerflow.cluster.calls.connection_events import ConnectionWatch, close_monitored, peer_lost, monitor, stop_monitors, unknown
@@ -146,8 +146,8 @@ class Endpoint:
                         else:
                             self._from_peer(socket, events)
                     except Exception:  # one message's trouble; the thread serves every connection of the task
-                        print(f"towerflow: {self.name}: the messaging thread failed to handle a message and goes on:\n"
-                              f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+                        _log.get("cluster", self.name).warning(
+                            "the messaging thread failed to handle a message and goes on:", exc_info=True)
                 self._expire()
         finally:
             self._close_sockets()

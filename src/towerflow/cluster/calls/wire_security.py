@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import sys
 from typing import Optional
 
 import zmq
 import zmq.auth.thread
+
+from towerflow import _log
 
 ENCRYPT, AUTHENTICATE = "encrypt", "authenticate"
 MODES = (ENCRYPT, AUTHENTICATE)
@@ -112,5 +113,5 @@ class _Gate(zmq.auth.thread.ThreadAuthenticator):
         return allowed, reason
 
     def _refused(self, why: str) -> None:
-        print(f"towerflow: {self._task} refused a connection from {self._address}: {why}. Give every task the same "
-              "TOWERFLOW_CLUSTER_TOKEN.", file=sys.stderr, flush=True)
+        _log.get("cluster", self._task).warning(f"refused a connection from {self._address}: {why}. Give every task "
+                                                "the same TOWERFLOW_CLUSTER_TOKEN.")

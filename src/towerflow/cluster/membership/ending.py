@@ -25,10 +25,10 @@ records that run's end (`record_end`): such a restart learns that its run ended 
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Collection, Sequence, Tuple
 
+from towerflow import _log
 from towerflow.cluster.membership import failures as _failures
 from towerflow.cluster.store import stores as _stores
 from towerflow.cluster.calls import endpoint as _calls
@@ -133,9 +133,9 @@ def rejoin_or_exit(rendezvous) -> None:
         return
     for kind in ("leaving", "left"):  # the others' leave need not wait for this task
         rendezvous.mark(kind)
-    print(f"towerflow: {rendezvous.name} (restart {rendezvous.incarnation}) has nothing to rejoin: it had finished "
-          "before it was killed, and so had every other task; the cluster has ended. Exiting with 0.",
-          file=sys.stderr, flush=True)
+    _log.get("cluster", rendezvous.name).info(
+        f"(restart {rendezvous.incarnation}) has nothing to rejoin: it had finished before it was killed, and so "
+        "had every other task; the cluster has ended. Exiting with 0.")
     raise SystemExit(0)
 
 
@@ -153,9 +153,9 @@ def record_end(rendezvous) -> None:
     try:
         rendezvous.records.remember(f"ended/{rendezvous.nonce}", repr(time.time()))
     except Exception as e:
-        print(f"towerflow: {rendezvous.name}: the cluster's run has ended, but recording so beyond the store's lease "
-              f"failed ({e}); a task restarted later than that would wait for the others as at a first start.",
-              file=sys.stderr, flush=True)
+        _log.get("cluster", rendezvous.name).warning(
+            f"the cluster's run has ended, but recording so beyond the store's lease failed ({e}); a task restarted "
+            "later than that would wait for the others as at a first start.")
 
 
 def exit_if_run_ended(rendezvous) -> None:
@@ -170,14 +170,13 @@ def exit_if_run_ended(rendezvous) -> None:
     now = _stores.read_publisher(rendezvous.store)
     if now is not None and now["nonce"] == run:
         return  # its run goes on (or is leaving: rejoin_or_exit decides once the slot is held)
-    who = f"{rendezvous.name} (restart {rendezvous.incarnation})"
+    log, restart = _log.get("cluster", rendezvous.name), f"(restart {rendezvous.incarnation})"
     ended = rendezvous.records.recall(f"ended/{run}")
     if ended is not None:
         ago = max(0.0, time.time() - float(ended))
-        print(f"towerflow: {who} has nothing to rejoin: its cluster's run ended {ago:.0f} s ago, while this task was "
-              "away, and its keys have left the store since. Exiting with 0.", file=sys.stderr, flush=True)
+        log.info(f"{restart} has nothing to rejoin: its cluster's run ended {ago:.0f} s ago, while this task was "
+                 "away, and its keys have left the store since. Exiting with 0.")
         raise SystemExit(0)
-    print(f"towerflow: {who}: the run it belonged to is gone from the store without an end (every task of it was "
-          "away for longer than the store keeps a run's keys); it joins "
-          + ("the run the store holds now." if now is not None else "as at a first start, waiting for the others."),
-          file=sys.stderr, flush=True)
+    log.info(f"{restart}: the run it belonged to is gone from the store without an end (every task of it was "
+             "away for longer than the store keeps a run's keys); it joins "
+             + ("the run the store holds now." if now is not None else "as at a first start, waiting for the others."))

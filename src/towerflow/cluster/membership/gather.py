@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import time
 from typing import TYPE_CHECKING, List, Mapping, Optional
 
+from towerflow._waiting import wait_until
 from towerflow.cluster import addresses as _addresses
 from towerflow.cluster.ports import PortReservation
 from towerflow.cluster.schedulers.base import Resolved
@@ -73,31 +73,28 @@ def _store(host: str, port: int, hosting: bool, timeout: float) -> Store:
         except OSError as e:
             raise SchedulerError(f"rank 0 cannot host the rendezvous on port {port} (MASTER_PORT): {e.strerror}; "
                                  "choose a free port with MASTER_PORT") from None
-    deadline = time.monotonic() + timeout
-    while not _c10d.port_is_open(host, port):
-        if time.monotonic() > deadline:
-            raise ClusterTimeoutError(
-                f"gave up after {timeout:g} s: nothing answers at the rendezvous {host}:{port} (rank 0 hosts it); "
-                "start rank 0, check MASTER_ADDR/MASTER_PORT, or raise TOWERFLOW_JOIN_TIMEOUT", missing=["rank 0"])
-        time.sleep(0.2)
+    wait_until(lambda: _c10d.port_is_open(host, port), timeout,
+               f"gave up after {timeout:g} s: nothing answers at the rendezvous {host}:{port} (rank 0 hosts it); "
+               "start rank 0, check MASTER_ADDR/MASTER_PORT, or raise TOWERFLOW_JOIN_TIMEOUT", 0.2,
+               lambda text: ClusterTimeoutError(text, missing=["rank 0"]))
     return _c10d.connect_store(host, port, timeout)
 
 
 def _wait(store: Store, prefix: str, resolved: Resolved, timeout: float) -> List[str]:
     """Every rank's value under `prefix`, in rank order; ClusterTimeoutError names the missing ranks."""
     keys = [f"{prefix}/{r}" for r in range(resolved.world_size)]
-    deadline = time.monotonic() + timeout
-    while True:
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        if not missing:
-            return [store.get(k).decode() for k in keys]
-        if time.monotonic() > deadline:
-            raise ClusterTimeoutError(
-                f"rank {resolved.rank} gave up after {timeout:g} s at the rendezvous {resolved.rendezvous} with "
-                f"{resolved.world_size - len(missing)} of {resolved.world_size} ranks; missing: rank "
-                f"{', '.join(map(str, missing))}. Start them, or raise TOWERFLOW_JOIN_TIMEOUT.",
-                missing=[f"rank {r}" for r in missing])
-        time.sleep(_POLL)
+    missing: List[int] = []
+
+    def all_set() -> bool:
+        missing[:] = [r for r, k in enumerate(keys) if not store.check([k])]
+        return not missing
+
+    wait_until(all_set, timeout,
+               lambda: f"rank {resolved.rank} gave up after {timeout:g} s at the rendezvous {resolved.rendezvous} with "
+                       f"{resolved.world_size - len(missing)} of {resolved.world_size} ranks; missing: rank "
+                       f"{', '.join(map(str, missing))}. Start them, or raise TOWERFLOW_JOIN_TIMEOUT.",
+               _POLL, lambda text: ClusterTimeoutError(text, missing=[f"rank {r}" for r in missing]))
+    return [store.get(k).decode() for k in keys]
 
 
 def _is_loopback(host: str) -> bool:

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from towerflow._waiting import wait_until
 from towerflow.cluster.membership import ending as _ending
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.membership import failures as _failures
@@ -139,12 +140,9 @@ class Membership:
         """Whether task (job, index) beats on (ALIVE_BEATS beats within `within` seconds): it lives, only a
         connection to it was lost. False once `within` has passed without them: it is gone (a dead process
         beats at most once more)."""
-        first, deadline = self.beat_count(job, index), time.monotonic() + within
-        while time.monotonic() < deadline:
-            if self.beat_count(job, index) - first >= ALIVE_BEATS:
-                return True
-            time.sleep(POLL)
-        return False
+        first = self.beat_count(job, index)
+        return wait_until(lambda: self.beat_count(job, index) - first >= ALIVE_BEATS, within,
+                          f"{ALIVE_BEATS} beats of {task_name(job, index)}", POLL, on_timeout=None)
 
     def beat_count(self, job: str, index: int) -> int:
         """How often task (job, index) has beaten so far, all its incarnations together (`wait_for_restart`'s

@@ -19,7 +19,6 @@ import hmac
 import json
 import os
 import socket
-import sys
 import time
 from typing import Collection, Optional, Tuple
 
@@ -27,7 +26,8 @@ from towerflow.cluster import addresses as _addresses
 from towerflow.cluster.membership import ending as _ending
 from towerflow.cluster.store import stores as _stores
 from towerflow.cluster.store.stores import proof
-from towerflow import etcd_url
+from towerflow import _log, etcd_url
+from towerflow._waiting import wait_until
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.store import c10d as _c10d
 from towerflow.cluster.spec import ClusterSpec, split_address
@@ -36,10 +36,6 @@ from towerflow.errors import ClusterJoinError, ClusterTimeoutError
 SAY_EVERY = 5.0  # seconds between repeated waiting messages
 POLL = 0.1
 BEAT_EVERY = 1.0  # each task bumps its heartbeat counter in the store this often (membership.py)
-
-
-def say(text: str) -> None:
-    print(f"towerflow: {text}", file=sys.stderr, flush=True)
 
 
 def task_name(job: str, index: int) -> str:
@@ -181,7 +177,7 @@ class Rendezvous:
                     missing=[c_name],
                 )
             if now - said >= SAY_EVERY:
-                say(f"{self.name}: waiting for {c_name} at {c_address} — 1 of {n} tasks up")
+                _log.get("cluster", self.name).info(f"waiting for {c_name} at {c_address} — 1 of {n} tasks up")
                 said = now
             time.sleep(POLL)
         store = _c10d.connect_store(c_host, c_port, max(1.0, deadline - time.monotonic()))
@@ -216,14 +212,9 @@ class Rendezvous:
             )
 
     def _get(self, key: str, deadline: float, who: str, where: str) -> bytes:
-        while not self.store.check([key]):
-            if time.monotonic() > deadline:
-                raise ClusterTimeoutError(
-                    f"{self.name}: {who} at {where} accepted a connection but never published the cluster",
-                    task=self.name,
-                    missing=[who],
-                )
-            time.sleep(POLL)
+        wait_until(lambda: self.store.check([key]), deadline - time.monotonic(),
+                   f"{self.name}: {who} at {where} accepted a connection but never published the cluster", POLL,
+                   lambda text: ClusterTimeoutError(text, task=self.name, missing=[who]))
         return self.store.get(key)
 
     # --- the slot ----------------------------------------------------------------------------
@@ -304,7 +295,7 @@ class Rendezvous:
                     missing=[task_name(t.job, t.task) for t in missing],
                 )
             if now - said >= SAY_EVERY:
-                say(f"{self.name}: waiting for {names[0]} — {len(tasks) - len(missing)} of {len(tasks)} {what}")
+                _log.get("cluster", self.name).info(f"waiting for {names[0]} — {len(tasks) - len(missing)} of {len(tasks)} {what}")
                 said = now
             time.sleep(POLL)
 
@@ -326,11 +317,11 @@ class Rendezvous:
         """Wait (at most `seconds`) until every other task, but those (job, index) `absent`, has set its `kind` key."""
         others = [t for t in self.cluster.tasks() if (t.job, t.task) != (self.job, self.index)
                   and (t.job, t.task) not in absent]
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and others:
-            others = self.unmarked(kind, others)
-            if others:
-                time.sleep(POLL)
+        def all_marked() -> bool:
+            others[:] = self.unmarked(kind, others)
+            return not others
+
+        wait_until(all_marked, seconds, "", POLL, on_timeout=None)
 
     # --- facts -------------------------------------------------------------------------------
 

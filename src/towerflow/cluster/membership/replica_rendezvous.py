@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from towerflow import _log
 from towerflow.cluster.store import c10d as _c10d
 from towerflow.errors import ClusterError, ClusterTimeoutError, PeerLost
 
@@ -66,8 +67,7 @@ def join(master_addr: str, master_port: int, rank: int, names: Sequence[str], ti
                 task=me, missing=missing,
             )
         if now - said >= _SAY_EVERY:
-            print(f"towerflow: {me}: waiting for {missing[0]} — {world - len(missing)} of {world} replicas up",
-                  file=sys.stderr, flush=True)
+            _log.get("cluster", me).info(f"waiting for {missing[0]} — {world - len(missing)} of {world} replicas up")
             said = now
         time.sleep(_POLL)
 
@@ -166,6 +166,6 @@ class Heartbeat:
             "--max-restarts N to restart the replicas from the newest checkpoint (the wait is "
             "TOWERFLOW_HEARTBEAT_TIMEOUT).", task=self.names[rank].split(" at ")[0])
         failures.record(error)  # a consequence: the launcher's verdict names the silent replica
-        print(f"towerflow: {self.names[self.rank]}: {error}", file=sys.stderr, flush=True)
+        _log.get("cluster", self.names[self.rank]).error(str(error))
         sys.stdout.flush()
         os._exit(1)  # the main thread is inside a collective that cannot be interrupted

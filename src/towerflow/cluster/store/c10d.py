@@ -12,10 +12,11 @@ import datetime
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch.distributed as dist
 
+from towerflow._waiting import wait_until
 from towerflow.errors import ClusterJoinError
 
 Store = dist.Store
@@ -118,11 +119,15 @@ def _wait_until_listening(host: str, port: int, timeout: float) -> None:
     """Wait until something accepts connections at host:port; RuntimeError after `timeout` s. torch's store
     client would retry as well, but prints a C++ stack trace on every failed try before its error."""
     deadline = time.monotonic() + timeout
-    while True:
+    refused: List[OSError] = []
+
+    def accepted() -> bool:
         try:
             socket.create_connection((host, port), timeout=max(0.05, min(1.0, deadline - time.monotonic()))).close()
-            return
+            return True
         except OSError as e:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"nothing accepted a connection at {host}:{port} within {timeout:g} s ({e})") from None
-            time.sleep(0.1)
+            refused[:] = [e]
+            return False
+
+    wait_until(accepted, timeout, lambda: f"nothing accepted a connection at {host}:{port} within {timeout:g} s "
+                                          f"({refused[0]})", 0.1, RuntimeError)

@@ -21,12 +21,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from towerflow import _log
 from towerflow.cluster import server as _server
 from towerflow.cluster.link import shm_link as _shm_link
 from towerflow.cluster.link import shm_ring as _shm_ring
@@ -164,8 +164,8 @@ class ServedModels:
             with self._lock:
                 if self._mirrors.get(key) is mirror:
                     del self._mirrors[key]
-            print(f"towerflow: {self._server.name}: drops its mirror of /job:ps/task:{frame.primary}'s part of "
-                  f"{frame.model!r}: {frame.sender}, which fed it, gave the part back", file=sys.stderr, flush=True)
+            _log.get("ps", self._server.name).info(f"drops its mirror of /job:ps/task:{frame.primary}'s part of "
+                                                   f"{frame.model!r}: {frame.sender}, which fed it, gave the part back")
         if isinstance(frame.op, DropOp):
             future.set_result(frame.seq)
         else:
@@ -232,8 +232,8 @@ class ServedModels:
             self._opened.add(key)
         me = call_name("ps", server.task_index, server.incarnation)
         server.membership.stand_in("ps", primary, me)  # nobody waits for `lost` now: its host may never return
-        print(f"towerflow: {server.name}: promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place of "
-              f"{lost}) at global step {service.coordinator.global_step}", file=sys.stderr, flush=True)
+        _log.get("ps", server.name).info(f"promoted its mirror of /job:ps/task:{primary}'s part of {model!r} (in place "
+                                         f"of {lost}) at global step {service.coordinator.global_step}")
         onward = backup_of(server.task_index, ps_hosts(server.cluster))
         if onward != primary and ("ps", onward) not in server.membership.stood_in():  # else no other task is left for it
             # the same settings as its own part
@@ -256,8 +256,8 @@ class ServedModels:
             return None
         server = self._server
         server.membership.stand_in("ps", primary, None)  # (its new incarnation said so as it joined, unless promoted after)
-        print(f"towerflow: {server.name}: gives /job:ps/task:{primary}'s part of {model!r} back at global "
-              f"step {served.coordinator.global_step}", file=sys.stderr, flush=True)
+        _log.get("ps", server.name).info(f"gives /job:ps/task:{primary}'s part of {model!r} back at global "
+                                         f"step {served.coordinator.global_step}")
         return mirror
 
     def holds(self, model: str) -> bool:

@@ -13,9 +13,9 @@ host after all) declines, and the channel keeps remote calls.
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Optional
 
+from towerflow import _log
 from towerflow.cluster.link import shm_link
 from towerflow.ps.messages import PushPull, PushPulled
 
@@ -38,10 +38,10 @@ def offer_for(ch, who: str) -> Optional[shm_link.LinkClient]:
         return shm_link.LinkClient(specs, specs)
     except OSError as e:
         need = 2 * shm_link.SLOTS * sum(b.numel() * b.element_size() for b in ch.buffers[0])
-        print(f"towerflow: {who}: no shared-memory link to /job:ps/task:{ch.task} ({e}; it needs {need / 2**20:.0f} MiB "
-              f"in {shm_link.SHM_DIR}): its steps go over remote calls. Give {shm_link.SHM_DIR} more room (docker run "
-              "--shm-size, a pod's emptyDir medium Memory) or set TOWERFLOW_PS_LINK=zmq to silence this.",
-              file=sys.stderr, flush=True)
+        _log.get("ps", who).warning(
+            f"no shared-memory link to /job:ps/task:{ch.task} ({e}; it needs {need / 2**20:.0f} MiB in "
+            f"{shm_link.SHM_DIR}): its steps go over remote calls. Give {shm_link.SHM_DIR} more room (docker run "
+            "--shm-size, a pod's emptyDir medium Memory) or set TOWERFLOW_PS_LINK=zmq to silence this.")
         return None
 
 

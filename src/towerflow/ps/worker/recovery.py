@@ -13,10 +13,10 @@ not back in time, or not to be restarted, has its part served by a backup instea
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from towerflow import _log
 from towerflow.cluster.calls import endpoint as _calls
 from towerflow.errors import ParameterServerError
 from towerflow.ps.messages import Endpoints
@@ -42,7 +42,7 @@ class Recovery:
         self.promotion = Promotion(client)
 
     def _say(self, text: str) -> None:
-        print(f"towerflow: {self.server.name}: {text}", file=sys.stderr, flush=True)
+        _log.get("ps", self.server.name).info(text)
 
     def guarded(self, op: Callable[[], Any], retry: bool = True) -> Any:
         """Run a wire operation; when a ps is lost, recover and run it again (`retry`), or return None (a
@@ -336,8 +336,7 @@ class Recovery:
         down = f"; down {time.time() - float(restarted_at):.2f} s from its death to rejoining" if restarted_at else ""
         lost = ("nothing: it had finished training before it was killed, so it trains no more" if client.finished
                 else "the gradient it was computing and its place in its data")
-        print(
-            f"towerflow: {self.server.name} rejoined training (restart {self.server.incarnation}) at global step "
-            f"{client.global_step}; the ps kept its {client.pushes} earlier pushes; lost: {lost}{down}",
-            file=sys.stderr, flush=True,
+        _log.get("ps", self.server.name).info(
+            f"rejoined training (restart {self.server.incarnation}) at global step "
+            f"{client.global_step}; the ps kept its {client.pushes} earlier pushes; lost: {lost}{down}"
         )

@@ -17,11 +17,11 @@ a finish, a seed) keep the remote call, and the mirror puts the paths back in or
 from __future__ import annotations
 
 import math
-import sys
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from towerflow import _log
 from towerflow.cluster.link import shm_link
 from towerflow.cluster.link import shm_ring
 from towerflow.errors import ConnectionLost, ParameterServerError
@@ -144,8 +144,7 @@ def open_sender(flats: Sequence[torch.Tensor],
     try:
         link = shm_link.LinkClient(specs, ())
     except OSError as e:
-        print(f"towerflow: {who}: no shared-memory link to its backup ({e}); its ops go over remote calls",
-              file=sys.stderr, flush=True)
+        _log.get("ps", who).warning(f"no shared-memory link to its backup ({e}); its ops go over remote calls")
         return None
     ring = _open_ring(specs, who)
     try:
@@ -170,8 +169,7 @@ def _open_ring(specs: Sequence[tuple], who: str) -> Optional[shm_ring.RingWriter
     try:
         return shm_ring.RingWriter(specs, len(PUSH_FIELDS), slots)
     except OSError as e:
-        print(f"towerflow: {who}: no shared-memory ring to its backup ({e}); its pushes wake it each time",
-              file=sys.stderr, flush=True)
+        _log.get("ps", who).warning(f"no shared-memory ring to its backup ({e}); its pushes wake it each time")
         return None
 
 

@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from towerflow import _log
 from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLost
 from towerflow.ps.replication_messages import (MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, REFRESH_OPS, DropOp,
                                                PushOp, ReplicaFrame, ReplicaOp, SeedOp, ServiceSnapshot, op_nbytes)
@@ -90,7 +90,7 @@ class Replicator:
         self._call = call
         self._is_lost = is_lost
         self._wait_for_restart = wait_for_restart
-        self._say = say or (lambda text: print(f"towerflow: {sender}: {text}", file=sys.stderr, flush=True))
+        self._say = say or _log.get("ps", sender).info
         self.max_lag = max_lag  # how many ops a worker's reply may run ahead of the backup's acks (0: none)
         self.own_push = own_push  # a worker's reply waits for the push it answers, not the one before (prefetch)
         self.backup: Optional[str] = None  # the backup incarnation's call name while replicating, else None

@@ -11,9 +11,9 @@ then go on to the next ps task round the ring.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Optional
 
+from towerflow import _log
 from towerflow.cluster import server as _server
 from towerflow.cluster.link import shm_link as _shm_link
 from towerflow.cluster.calls import endpoint as _calls
@@ -59,7 +59,7 @@ def replicate(model: str, task: int, service: ShardService, backup_task: int, re
 def _fence(name: str, why: str) -> None:
     """This primary may answer no worker again (replicator.py): stop; the launcher restarts it, and the chief
     restores the new incarnation from the part its backup served meanwhile."""
-    print(f"towerflow: {name}: stopping without answering any worker again: {why}", file=sys.stderr, flush=True)
+    _log.get("ps", name).warning(f"stopping without answering any worker again: {why}")
     os._exit(FENCED_EXIT)
 
 
