@@ -199,7 +199,10 @@ def rpc_loop(worker: int, steps: int, warmup: int) -> dict:
 
 
 def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch: bool) -> dict:
-    from towerflow.cluster.calls import endpoint
+    try:
+        from towerflow.cluster.calls import endpoint
+    except ImportError:  # --before-src: a tree from before the cluster's rooms
+        from towerflow.cluster import transport as endpoint
     try:
         from towerflow.ps.worker import channel
     except ImportError:  # --before-src, as above
@@ -241,7 +244,11 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
     for _ in range(warmup):
         one()
     compute = step_s = pack["s"] = 0.0
-    wait0 = strategy.client.counters.pull_wait_s
+    def pull_wait() -> float:  # (a tree from before the client's cut kept it on the client)
+        counters = getattr(strategy.client, "counters", None)
+        return counters.pull_wait_s if counters is not None else strategy.client._pull_wait_s
+
+    wait0 = pull_wait()
     ps0 = endpoint.call_async("ps:0", me._ps_timers_now).wait() if worker == 0 else None
     ps_u0 = endpoint.call_async("ps:0", me._ps_usage).wait() if worker == 0 else None
     u0 = _usage()
@@ -254,7 +261,7 @@ def towerflow_loop(strategy_cls, worker: int, steps: int, warmup: int, prefetch:
         u1 = _usage()
         ps1 = endpoint.call_async("ps:0", me._ps_timers_now).wait()
         ps_u1 = endpoint.call_async("ps:0", me._ps_usage).wait()
-        wait = strategy.client.counters.pull_wait_s - wait0
+        wait = pull_wait() - wait0
         wall = end - t0
         out["per_step_us"] = {k: v / steps * 1e6 for k, v in {
             "wall": wall, "compute": compute, "step": step_s, "pack": pack["s"], "wait_reply_and_install": wait,
