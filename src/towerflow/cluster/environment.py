@@ -44,17 +44,17 @@ def read_task(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, s
             )
         return _checked(TaskInfo(spec, job, index, "flags"))
     task = _te.current() if env is None else _te.read(env)
-    if task.cluster:
+    if task.identity.cluster:
         if not task.has_task:
             raise ClusterSpecError(
                 "TF_CONFIG names a cluster but not this task; add \"task\": {\"type\": ..., \"index\": ...} or set "
                 f"{_te.ENV_JOB_NAME} and {_te.ENV_TASK_INDEX}"
             )
-        return _checked(TaskInfo(ClusterSpec(task.cluster), task.job_name, task.task_index, "TF_CONFIG"))
+        return _checked(TaskInfo(ClusterSpec(task.identity.cluster), task.identity.job_name, task.identity.task_index, "TF_CONFIG"))
     resolved = _schedulers.resolve_scheduler(task.scheduler_env)
     if resolved is not None:  # a plain `srun python SCRIPT`, `mpirun ...`, torchrun, a pod: the scheduler's slot
         source = resolved.scheduler if resolved.cluster is not None else f"{resolved.scheduler} (gathered)"
-        resolved = _gather.complete(resolved, task.join_timeout, task.scheduler_env)
+        resolved = _gather.complete(resolved, task.join.join_timeout, task.scheduler_env)
         return _checked(TaskInfo(ClusterSpec(resolved.cluster), resolved.job_name, resolved.task_index, source))
     raise ClusterSpecError(
         "this process is not part of a cluster: no --ps_hosts/--worker_hosts flags, no TF_CONFIG and no scheduler's "

@@ -89,19 +89,19 @@ class Server:
         self.binding: Optional[_addresses.Binding] = None
         if source not in ("torchrun", "env") or self.is_coordinator:
             self.binding = _addresses.binding_for(self.cluster, self.job_name, self.task_index)
-        self.token = token or env.cluster_token()
-        self.join_timeout = float(join_timeout) if join_timeout is not None else env.join_timeout
-        self.heartbeat_timeout = env.heartbeat_timeout
+        self.token = token or env.join.cluster_token()
+        self.join_timeout = float(join_timeout) if join_timeout is not None else env.join.join_timeout
+        self.heartbeat_timeout = env.join.heartbeat_timeout
         from towerflow.cluster.calls.wire_security import WireSecurity  # zmq, for processes that are tasks only
 
-        self.wire_security = WireSecurity(env.wire_security or self._default_wire_security(), self.token)
+        self.wire_security = WireSecurity(env.join.wire_security or self._default_wire_security(), self.token)
         self.context = env  # this task's resolved environment, handed to what runs in it (the ps client, the strategy)
-        self.max_restarts = env.max_restarts
-        restarts = env.restart_count
-        store_address = env.store  # the launcher's store, when it hosts one
+        self.max_restarts = env.join.max_restarts
+        restarts = env.identity.restart_count
+        store_address = env.join.store  # the launcher's store, when it hosts one
         self.rendezvous = Rendezvous(self.cluster, self.job_name, self.task_index, token=self.token,
                                      join_timeout=self.join_timeout, binding=self.binding,
-                                     store_address=store_address, incarnation=restarts, launch_id=env.launch_id)
+                                     store_address=store_address, incarnation=restarts, launch_id=env.identity.launch_id)
         self.membership = Membership(self.rendezvous, heartbeat_timeout=self.heartbeat_timeout,
                                      join_timeout=self.join_timeout, max_restarts=self.max_restarts)
         self.replaced: List[str] = []  # call names of dead incarnations this one took over from

@@ -136,7 +136,7 @@ def _scheduled_slot(config: LaunchConfig):
             "scheduler for more tasks (srun -n N, mpirun -n N), or add --scheduler none to run a whole embedded "
             "cluster in every slot"
         )
-    return complete(resolved, task.join_timeout, task.scheduler_env)
+    return complete(resolved, task.join.join_timeout, task.scheduler_env)
 
 
 # What each wire security is and costs, said once by a launcher whose cluster spans hosts. The figure: docs/benchmarks.md,

@@ -75,8 +75,8 @@ def place(monkeypatch):
         try:
             strategy_environment.strategy_from_env()
             task, place = taskenv.current(), read_env()
-            if task.cluster:
-                out["strategy"] = (task.job_name, task.task_index, sum(len(v) for v in task.cluster.values()))
+            if task.identity.cluster:
+                out["strategy"] = (task.identity.job_name, task.identity.task_index, sum(len(v) for v in task.identity.cluster.values()))
             elif place.world_size > 1:
                 out["strategy"] = ("worker", place.rank, place.world_size)
             else:
