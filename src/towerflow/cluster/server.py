@@ -65,11 +65,14 @@ class Server:
         join_timeout: Optional[float] = None,
         start: bool = True,
         argv: Optional[Sequence[str]] = None,
+        context: Optional[_taskenv.TaskContext] = None,
     ):
         source = "arguments"
-        env = _taskenv.resolve()  # this task's settings: timeouts, restarts, transports, the launcher's store
+        # this task's settings (timeouts, restarts, transports, the launcher's store): the entry point's context,
+        # else built here from the environment
+        env = context if context is not None else _taskenv.resolve()
         if cluster is None:
-            info = _env.read_task(list(sys.argv[1:]) if argv is None else argv)
+            info = _env.read_task(list(sys.argv[1:]) if argv is None else argv, context=env)
             cluster, job_name, task_index, source = info.cluster, job_name or info.job_name, (
                 info.task_index if task_index is None else task_index
             ), info.source
@@ -218,7 +221,7 @@ class Server:
         from towerflow.devices.logical import set_local_task
 
         set_local_task(self.job_name, self.task_index)  # device names and cached placements follow
-        self.context = _taskenv.current()  # now naming this task
+        self.context = self.context.as_task(self.job_name, self.task_index)  # now naming this task
         if self.binding is not None:  # any process group on the interface of this task's address
             for name, value in self.binding.socket_environment().items():
                 _library_env.set_default(name, value)

@@ -49,7 +49,6 @@ def place(monkeypatch):
     for name in [*taskenv.scheduler_variables(os.environ), taskenv.ENV_STRATEGY]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(gather, "complete", _gathered)
-    monkeypatch.setattr(planning, "complete", _gathered)
     monkeypatch.setattr(addresses, "resolve", lambda host, where="": ["10.9.8.7"])
     monkeypatch.setattr(addresses, "local_addresses", lambda: {"10.9.8.7": "eth0"})
     chosen = []
