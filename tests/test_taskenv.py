@@ -18,15 +18,15 @@ DOCS = pathlib.Path(taskenv.__file__).parent.parent.parent / "docs" / "architect
 def test_a_server_s_task_is_this_process_s_from_then_on_and_is_not_written_back(monkeypatch):
     monkeypatch.setenv("TOWERFLOW_JOB_NAME", "worker")
     monkeypatch.setenv("TOWERFLOW_TASK_INDEX", "2")
-    assert (taskenv.current().job_name, taskenv.current().task_index) == ("worker", 2)
+    assert (taskenv.current().identity.job_name, taskenv.current().identity.task_index) == ("worker", 2)
     taskenv.become_task("ps", 1)
-    assert (taskenv.current().job_name, taskenv.current().task_index) == ("ps", 1)
-    assert (taskenv.resolve().job_name, taskenv.resolve().task_index) == ("ps", 1)  # an entry point later keeps it
+    assert (taskenv.current().identity.job_name, taskenv.current().identity.task_index) == ("ps", 1)
+    assert (taskenv.resolve().identity.job_name, taskenv.resolve().identity.task_index) == ("ps", 1)  # an entry point later keeps it
     import os
 
     assert (os.environ["TOWERFLOW_JOB_NAME"], os.environ["TOWERFLOW_TASK_INDEX"]) == ("worker", "2")
     taskenv.forget()  # the launcher adopted another environment: it wins
-    assert taskenv.current().job_name == "worker"
+    assert taskenv.current().identity.job_name == "worker"
 
 
 def test_what_the_launcher_writes_reads_back_as_one_task_env():
@@ -34,27 +34,27 @@ def test_what_the_launcher_writes_reads_back_as_one_task_env():
     env = task_environment(cluster, "worker", 0, master_addr="h", master_port=9, logdir="/l", device="/device:CPU:0",
                            token="t", store="h:7", inherited={})
     task = taskenv.read(env)
-    assert (task.job_name, task.task_index, task.rank, task.world_size, task.local_rank, task.local_world_size) == (
+    assert (task.identity.job_name, task.identity.task_index, task.identity.rank, task.identity.world_size, task.identity.local_rank, task.identity.local_world_size) == (
         "worker", 0, 1, 3, 1, 2)
-    assert (task.master_addr, task.master_port, task.logdir, task.device, task.token, task.store) == (
+    assert (task.identity.master_addr, task.identity.master_port, task.tuning.logdir, task.identity.device, task.join.token, task.join.store) == (
         "h", 9, "/l", "/device:CPU:0", "t", "h:7")
-    assert {k: list(v) for k, v in task.cluster.items()} == cluster.as_dict()
+    assert {k: list(v) for k, v in task.identity.cluster.items()} == cluster.as_dict()
     assert not task.is_chief and taskenv.read({**env, "TOWERFLOW_JOB_NAME": "chief"}).is_chief
     ps = taskenv.read(task_environment(cluster, "ps", 0, master_addr="h", master_port=9, inherited={}))
-    assert (ps.job_name, ps.rank) == ("ps", None)
+    assert (ps.identity.job_name, ps.identity.rank) == ("ps", None)
 
 
 def test_a_plain_process_gets_the_defaults():
     task = taskenv.read({})
-    assert (task.has_task, task.is_chief, task.join_timeout, task.heartbeat_timeout, task.wire_security) == (
+    assert (task.has_task, task.is_chief, task.join.join_timeout, task.join.heartbeat_timeout, task.join.wire_security) == (
         False, True, 60.0, 15.0, None)
-    assert (task.restart_count, task.max_restarts, task.cluster, task.threads_set_by_user) == (0, 0, {}, False)
-    assert task.ps_promote_after == 5.0  # a lost primary's restart is awaited that long before its backup serves
+    assert (task.identity.restart_count, task.join.max_restarts, task.identity.cluster, task.tuning.threads_set_by_user) == (0, 0, {}, False)
+    assert task.ps.promote_after == 5.0  # a lost primary's restart is awaited that long before its backup serves
 
 
 @pytest.mark.parametrize("tf_config", ["", "{}", '{"task": {}}'])
 def test_an_empty_tf_config_is_no_cluster_as_in_tensorflow(tf_config):
-    assert taskenv.read({"TF_CONFIG": tf_config}).cluster == {}
+    assert taskenv.read({"TF_CONFIG": tf_config}).identity.cluster == {}
 
 
 def test_the_chief_rule_is_tensorflows():
@@ -77,7 +77,7 @@ def test_the_chief_rule_is_tensorflows():
         ("TOWERFLOW_PS_PROMOTE_AFTER", "-1", "TOWERFLOW_PS_PROMOTE_AFTER='-1': expected a positive number of seconds"),
         ("TOWERFLOW_WIRE_SECURITY", "none", "TOWERFLOW_WIRE_SECURITY='none': expected one of encrypt, authenticate"),
         ("TOWERFLOW_PS_MODE", "eventual", "TOWERFLOW_PS_MODE='eventual': expected one of async, sync, ssp"),
-        ("TOWERFLOW_PS_LINK", "tcp", "TOWERFLOW_PS_LINK='tcp': expected one of shm, rpc"),
+        ("TOWERFLOW_PS_LINK", "tcp", "TOWERFLOW_PS_LINK='tcp': expected one of shm, zmq"),
         ("TOWERFLOW_PS_REPLICAS_TO_AGGREGATE", "0", "TOWERFLOW_PS_REPLICAS_TO_AGGREGATE='0'"),
         ("TOWERFLOW_RESTARTED_AT", "yesterday", "TOWERFLOW_RESTARTED_AT='yesterday'"),
         ("TF_CONFIG", "{nope", "TF_CONFIG is not valid JSON"),
@@ -104,7 +104,7 @@ def test_every_variable_of_the_contract_is_in_the_architecture_table():
 
 def test_a_task_without_a_cluster_is_not_distributed_as_in_tensorflow():
     task = taskenv.read({"TF_CONFIG": json.dumps({"task": {"type": "worker", "index": 1}})})
-    assert (task.cluster, task.has_task) == ({}, False)
+    assert (task.identity.cluster, task.has_task) == ({}, False)
 
 
 def test_the_scheduler_variables_are_captured_for_the_resolvers():
@@ -139,10 +139,10 @@ def test_a_script_may_set_tf_config_itself_before_it_starts_its_task(monkeypatch
     import os
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    assert not taskenv.current().cluster  # something asked before the script set it
+    assert not taskenv.current().identity.cluster  # something asked before the script set it
     # the script's own assignment (setitem: not the fixture's setenv, which resolves again by itself)
     monkeypatch.setitem(os.environ, "TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]},
                                                              "task": {"type": "worker", "index": 0}}))
-    assert not taskenv.current().cluster  # no module re-reads the environment on its own
-    assert taskenv.resolve().cluster == {"worker": ["a:1"]}  # what an entry point does first
-    assert taskenv.current().cluster == {"worker": ["a:1"]}
+    assert not taskenv.current().identity.cluster  # no module re-reads the environment on its own
+    assert taskenv.resolve().identity.cluster == {"worker": ["a:1"]}  # what an entry point does first
+    assert taskenv.current().identity.cluster == {"worker": ["a:1"]}

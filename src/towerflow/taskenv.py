@@ -2,7 +2,7 @@
 
 `towerflow launch` (launch/environment.py) writes these variables for each task; torchrun, a
 scheduler or a user may set some of them too. Every other module asks `current()` (or
-`read(mapping)` in tests) for a parsed, validated `TaskEnv` and never reads `os.environ`
+`read(mapping)` in tests) for a parsed, validated `TaskContext` and never reads `os.environ`
 itself, so there is one TF_CONFIG parser, one chief rule, one set of defaults and one set of
 error messages. docs/architecture.md, "The environment contract", lists the same variables.
 
@@ -77,8 +77,8 @@ TOWERS_ALLOCATORS = ("keep", "system")
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskEnv:
-    """Everything the launcher (or torchrun, or a scheduler) told this process, parsed once."""
+class TaskIdentity:
+    """Which task this process is: its job and index, its cluster, its replica-group ranks, its incarnation."""
 
     job_name: Optional[str] = None  # TOWERFLOW_JOB_NAME, else TF_CONFIG's task type
     task_index: Optional[int] = None  # TOWERFLOW_TASK_INDEX, else TF_CONFIG's task index
@@ -89,34 +89,10 @@ class TaskEnv:
     local_world_size: Optional[int] = None
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
-    logdir: Optional[str] = None
-    device: Optional[str] = None
-    strategy: Optional[str] = None
-    token: Optional[str] = None
-    token_file: Optional[str] = None
-    store: Optional[str] = None
-    error_file: Optional[str] = None
-    join_timeout: float = DEFAULT_JOIN_TIMEOUT
-    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    device: Optional[str] = None  # the local device a replica should use
     restart_count: int = 0
-    max_restarts: int = 0
     restarted_at: Optional[float] = None
     launch_id: Optional[str] = None  # which launcher started this task (a restart finds its run by it: ending.py)
-    wire_security: Optional[str] = None  # None: encrypt across hosts, authenticate on loopback
-    ps_mode: Optional[str] = None
-    ps_replicas_to_aggregate: Optional[int] = None
-    ps_staleness: Optional[int] = None
-    ps_replicas: Optional[int] = None
-    ps_replica_lag: Optional[int] = None
-    ps_promote_after: float = DEFAULT_PS_PROMOTE_AFTER
-    ps_link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
-    towers_allocator: str = "keep"  # TOWERFLOW_TOWERS_ALLOCATOR: whether towers in one process tune glibc malloc
-    ps_local_steps: Optional[int] = None
-    profile_from: Optional[int] = None  # a MonitoredTrainingSession profiles its steps from this global step on
-    profile_steps: Optional[int] = None
-    threads_set_by_user: bool = False  # OMP_NUM_THREADS is set: do not split the CPU's cores
-    socket_ifnames: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the ones already set
-    scheduler_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # scheduler_variables(env): for the resolvers
 
     @property
     def has_task(self) -> bool:
@@ -127,15 +103,19 @@ class TaskEnv:
         """TF's rule for this process (see `is_chief_task`); a plain process is its own chief."""
         return is_chief_task(self.job_name or "localhost", self.task_index or 0, self.cluster)
 
-    @property
-    def agent_store_prefix(self) -> Optional[str]:
-        """Under torchrun, whose agent already serves a store at MASTER_ADDR:MASTER_PORT
-        (TORCHELASTIC_USE_AGENT_STORE=True), the replicas meet in it as clients, under this prefix (one per
-        run and restart of the worker group); None: rank 0 hosts the replicas' store itself."""
-        env = self.scheduler_env
-        if env.get(ENV_AGENT_STORE) != "True":
-            return None
-        return f"towerflow/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+@dataclasses.dataclass(frozen=True)
+class JoinSettings:
+    """How this task joins the others: the token, the store, the timeouts, the restarts it is allowed."""
+
+    token: Optional[str] = None
+    token_file: Optional[str] = None
+    store: Optional[str] = None
+    error_file: Optional[str] = None
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    max_restarts: int = 0
+    wire_security: Optional[str] = None  # None: encrypt across hosts, authenticate on loopback
 
     def cluster_token(self) -> Optional[str]:
         """TOWERFLOW_CLUSTER_TOKEN, else the contents of TOWERFLOW_CLUSTER_TOKEN_FILE, else None."""
@@ -155,6 +135,66 @@ class TaskEnv:
         return text
 
 
+@dataclasses.dataclass(frozen=True)
+class PsOptions:
+    """The parameter-server options `towerflow launch` hands every task (--mode, --ps-replicas, ...)."""
+
+    mode: Optional[str] = None
+    replicas_to_aggregate: Optional[int] = None
+    staleness: Optional[int] = None
+    replicas: Optional[int] = None
+    replica_lag: Optional[int] = None
+    promote_after: float = DEFAULT_PS_PROMOTE_AFTER
+    link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
+    local_steps: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """How this task runs: the strategy asked for, where it writes, threads, allocator, profiling."""
+
+    strategy: Optional[str] = None
+    logdir: Optional[str] = None
+    towers_allocator: str = "keep"  # TOWERFLOW_TOWERS_ALLOCATOR: whether towers in one process tune glibc malloc
+    profile_from: Optional[int] = None  # a MonitoredTrainingSession profiles its steps from this global step on
+    profile_steps: Optional[int] = None
+    threads_set_by_user: bool = False  # OMP_NUM_THREADS is set: do not split the CPU's cores
+    socket_ifnames: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the ones already set
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskContext:
+    """Everything the launcher (or torchrun, or a scheduler) told this process, parsed once and passed down."""
+
+    identity: TaskIdentity = dataclasses.field(default_factory=TaskIdentity)
+    join: JoinSettings = dataclasses.field(default_factory=JoinSettings)
+    ps: PsOptions = dataclasses.field(default_factory=PsOptions)
+    tuning: Tuning = dataclasses.field(default_factory=Tuning)
+    scheduler_env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # scheduler_variables(env): for the resolvers
+
+    @property
+    def has_task(self) -> bool:
+        return self.identity.has_task
+
+    @property
+    def is_chief(self) -> bool:
+        return self.identity.is_chief
+
+    @property
+    def agent_store_prefix(self) -> Optional[str]:
+        """Under torchrun, whose agent already serves a store at MASTER_ADDR:MASTER_PORT
+        (TORCHELASTIC_USE_AGENT_STORE=True), the replicas meet in it as clients, under this prefix (one per
+        run and restart of the worker group); None: rank 0 hosts the replicas' store itself."""
+        env = self.scheduler_env
+        if env.get(ENV_AGENT_STORE) != "True":
+            return None
+        return f"towerflow/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+    def as_task(self, job: str, index: int) -> "TaskContext":
+        """This context for a process that serves as `/job:<job>/task:<index>` (a Server's own task)."""
+        return dataclasses.replace(self, identity=dataclasses.replace(self.identity, job_name=job, task_index=index))
+
+
 def is_chief_task(job: str, index: int, jobs) -> bool:
     """TF's rule: the `chief` task, or worker 0 when the cluster has no chief job (a plain process too)."""
     if job == "chief":
@@ -162,23 +202,23 @@ def is_chief_task(job: str, index: int, jobs) -> bool:
     return job in ("worker", "localhost") and index == 0 and "chief" not in jobs
 
 
-_resolved: Optional[TaskEnv] = None
+_resolved: Optional[TaskContext] = None
 _became: Optional[Tuple[str, int]] = None  # the task a Server made this process, over what the environment says
 
 
-def resolve() -> TaskEnv:
+def resolve() -> TaskContext:
     """Read the environment now and make it this process's task context. The entry points call it (a
     Server, `strategy_from_env`, `python -m towerflow.ps.serve`, `towerflow launch`, `towerflow cluster`),
     so a script may set TF_CONFIG itself before it starts its task, as TensorFlow's guides do."""
     global _resolved
     task = read(os.environ)
     if _became is not None:
-        task = dataclasses.replace(task, job_name=_became[0], task_index=_became[1])
+        task = task.as_task(*_became)
     _resolved = task
     return _resolved
 
 
-def current() -> TaskEnv:
+def current() -> TaskContext:
     """This process's task context: the one its entry point resolved (resolved here on first use when
     none has run), the same object for every module after. `become_task` and the launcher's `adopt`
     change it; `forget()` makes the next call read again."""
@@ -193,7 +233,7 @@ def forget() -> None:
     _became = None
 
 
-def read(env: Mapping[str, str]) -> TaskEnv:
+def read(env: Mapping[str, str]) -> TaskContext:
     """Parse and check the contract in `env`; every error names the variable, its value and the fix."""
     cluster, tf_job, tf_index = parse_tf_config(env.get(ENV_TF_CONFIG, ""), required=False)
     world = _count(env, ENV_WORLD_SIZE, minimum=1)
@@ -202,43 +242,51 @@ def read(env: Mapping[str, str]) -> TaskEnv:
         raise TaskEnvironmentError(f"{ENV_RANK}={rank} with {ENV_WORLD_SIZE}={world or 1}: expected RANK < WORLD_SIZE "
                                    "(both are set by the launcher or torchrun)")
     index = _count(env, ENV_TASK_INDEX)
-    return TaskEnv(
-        job_name=env.get(ENV_JOB_NAME) or tf_job,
-        task_index=index if index is not None else tf_index,
-        cluster=cluster,
-        rank=rank,
-        world_size=world,
-        local_rank=_count(env, ENV_LOCAL_RANK),
-        local_world_size=_count(env, ENV_LOCAL_WORLD_SIZE, minimum=1),
-        master_addr=env.get(ENV_MASTER_ADDR) or None,
-        master_port=_port(env),
-        logdir=env.get(ENV_LOGDIR) or None,
-        device=env.get(ENV_DEVICE) or None,
-        strategy=env.get(ENV_STRATEGY) or None,
-        token=env.get(ENV_CLUSTER_TOKEN) or None,
-        token_file=env.get(ENV_CLUSTER_TOKEN_FILE) or None,
-        store=_store(env),
-        error_file=env.get(ENV_ERROR_FILE) or None,
-        join_timeout=_seconds(env, ENV_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT),
-        heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),
-        restart_count=_count(env, ENV_RESTART_COUNT) or 0,
-        max_restarts=_count(env, ENV_MAX_RESTARTS) or 0,
-        restarted_at=_time(env, ENV_RESTARTED_AT),
-        launch_id=env.get(ENV_LAUNCH_ID) or None,
-        wire_security=_choice(env, ENV_WIRE_SECURITY, WIRE_SECURITY),
-        ps_mode=_choice(env, ENV_PS_MODE, PS_MODES),
-        ps_replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),
-        ps_staleness=_count(env, ENV_PS_STALENESS),
-        ps_replicas=_count(env, ENV_PS_REPLICAS, minimum=1),
-        ps_replica_lag=_count(env, ENV_PS_REPLICA_LAG, minimum=0),
-        ps_promote_after=_seconds(env, ENV_PS_PROMOTE_AFTER, DEFAULT_PS_PROMOTE_AFTER),
-        ps_link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
-        towers_allocator=_choice(env, ENV_TOWERS_ALLOCATOR, TOWERS_ALLOCATORS) or "keep",
-        ps_local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),
-        profile_from=_count(env, ENV_PROFILE_FROM),
-        profile_steps=_count(env, ENV_PROFILE_STEPS, minimum=1),
-        threads_set_by_user=ENV_OMP_NUM_THREADS in env,
-        socket_ifnames={k: env[k] for k in SOCKET_IFNAME_VARIABLES if env.get(k)},
+    return TaskContext(
+        identity=TaskIdentity(
+            job_name=env.get(ENV_JOB_NAME) or tf_job,
+            task_index=index if index is not None else tf_index,
+            cluster=cluster,
+            rank=rank,
+            world_size=world,
+            local_rank=_count(env, ENV_LOCAL_RANK),
+            local_world_size=_count(env, ENV_LOCAL_WORLD_SIZE, minimum=1),
+            master_addr=env.get(ENV_MASTER_ADDR) or None,
+            master_port=_port(env),
+            device=env.get(ENV_DEVICE) or None,
+            restart_count=_count(env, ENV_RESTART_COUNT) or 0,
+            restarted_at=_time(env, ENV_RESTARTED_AT),
+            launch_id=env.get(ENV_LAUNCH_ID) or None,
+        ),
+        join=JoinSettings(
+            token=env.get(ENV_CLUSTER_TOKEN) or None,
+            token_file=env.get(ENV_CLUSTER_TOKEN_FILE) or None,
+            store=_store(env),
+            error_file=env.get(ENV_ERROR_FILE) or None,
+            join_timeout=_seconds(env, ENV_JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT),
+            heartbeat_timeout=_seconds(env, ENV_HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT),
+            max_restarts=_count(env, ENV_MAX_RESTARTS) or 0,
+            wire_security=_choice(env, ENV_WIRE_SECURITY, WIRE_SECURITY),
+        ),
+        ps=PsOptions(
+            mode=_choice(env, ENV_PS_MODE, PS_MODES),
+            replicas_to_aggregate=_count(env, ENV_PS_REPLICAS_TO_AGGREGATE, minimum=1),
+            staleness=_count(env, ENV_PS_STALENESS),
+            replicas=_count(env, ENV_PS_REPLICAS, minimum=1),
+            replica_lag=_count(env, ENV_PS_REPLICA_LAG, minimum=0),
+            promote_after=_seconds(env, ENV_PS_PROMOTE_AFTER, DEFAULT_PS_PROMOTE_AFTER),
+            link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
+            local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),
+        ),
+        tuning=Tuning(
+            strategy=env.get(ENV_STRATEGY) or None,
+            logdir=env.get(ENV_LOGDIR) or None,
+            towers_allocator=_choice(env, ENV_TOWERS_ALLOCATOR, TOWERS_ALLOCATORS) or "keep",
+            profile_from=_count(env, ENV_PROFILE_FROM),
+            profile_steps=_count(env, ENV_PROFILE_STEPS, minimum=1),
+            threads_set_by_user=ENV_OMP_NUM_THREADS in env,
+            socket_ifnames={k: env[k] for k in SOCKET_IFNAME_VARIABLES if env.get(k)},
+        ),
         scheduler_env=scheduler_variables(env),
     )
 
@@ -286,7 +334,7 @@ def become_task(job: str, index: int) -> None:
     later resolutions keep it. Only the launcher writes the environment, for the processes it starts."""
     global _resolved, _became
     _became = (job, index)
-    _resolved = dataclasses.replace(current(), job_name=job, task_index=index)
+    _resolved = current().as_task(job, index)
 
 
 # ---- value parsers: each error names the variable, the bad value and what was expected

@@ -97,11 +97,11 @@ def test_token_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("TOWERFLOW_CLUSTER_TOKEN", "env")
     assert Server({"worker": ["localhost:1"]}, token="explicit", start=False).token == "explicit"
     assert Server({"worker": ["localhost:1"]}, start=False).token == "env"
-    assert taskenv.read({"TOWERFLOW_CLUSTER_TOKEN": "env"}).cluster_token() == "env"
-    assert taskenv.read({"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "t")}).cluster_token() == "from-file"
-    assert taskenv.read({}).cluster_token() is None
+    assert taskenv.read({"TOWERFLOW_CLUSTER_TOKEN": "env"}).join.cluster_token() == "env"
+    assert taskenv.read({"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "t")}).join.cluster_token() == "from-file"
+    assert taskenv.read({}).join.cluster_token() is None
     with pytest.raises(ClusterSpecError, match="is empty"):
-        taskenv.read({"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "empty")}).cluster_token()
+        taskenv.read({"TOWERFLOW_CLUSTER_TOKEN_FILE": str(tmp_path / "empty")}).join.cluster_token()
 
 
 def test_wire_security_is_encrypted_across_hosts_authenticated_on_loopback_and_a_bad_name_is_refused(monkeypatch):

@@ -41,7 +41,7 @@ def test_a_bad_url_is_refused_with_the_value_the_form_and_an_example(url, proble
 def test_the_task_environment_refuses_a_bad_store_naming_the_variable():
     with pytest.raises(taskenv.TaskEnvironmentError, match="TOWERFLOW_STORE='etcd://h1:0'"):
         taskenv.read({"TOWERFLOW_STORE": "etcd://h1:0"})
-    assert taskenv.read({"TOWERFLOW_STORE": "127.0.0.1:4000"}).store == "127.0.0.1:4000"  # the launcher's own
+    assert taskenv.read({"TOWERFLOW_STORE": "127.0.0.1:4000"}).join.store == "127.0.0.1:4000"  # the launcher's own
 
 
 def test_a_launch_with_store_hands_it_to_every_task_and_hosts_no_store(launch_script):

@@ -30,7 +30,7 @@ def lines(path: str) -> int:
 
 
 strategy = towerflow.strategy_from_env()
-worker, restart = strategy.replica_id, taskenv.current().restart_count
+worker, restart = strategy.replica_id, taskenv.current().identity.restart_count
 model, optimizer, stream = setup(strategy, data)
 log = open(os.path.join(folder, f"ids-{worker}-{restart}.txt"), "a")
 trained = 0

@@ -218,8 +218,8 @@ def test_launch_refuses_a_bad_local_steps_value_with_the_fix(bad, capsys):
 
 
 def test_the_task_environment_carries_local_steps_and_refuses_a_bad_value():
-    assert taskenv.read({taskenv.ENV_PS_LOCAL_STEPS: "4"}).ps_local_steps == 4
-    assert taskenv.read({}).ps_local_steps is None
+    assert taskenv.read({taskenv.ENV_PS_LOCAL_STEPS: "4"}).ps.local_steps == 4
+    assert taskenv.read({}).ps.local_steps is None
     with pytest.raises(taskenv.TaskEnvironmentError, match=r"TOWERFLOW_PS_LOCAL_STEPS='0'.*expected a positive integer"):
         taskenv.read({taskenv.ENV_PS_LOCAL_STEPS: "0"})
 
@@ -236,4 +236,4 @@ def test_launch_hands_local_steps_to_every_task_and_wants_ps_tasks(monkeypatch):
         pass_ps_mode(args, has_ps=False)
     monkeypatch.setenv(taskenv.ENV_PS_LOCAL_STEPS, "")  # restored after the test, as is what the launch exports
     pass_ps_mode(args, has_ps=True)
-    assert taskenv.current().ps_local_steps == 4 and taskenv.current().ps_mode is None
+    assert taskenv.current().ps.local_steps == 4 and taskenv.current().ps.mode is None

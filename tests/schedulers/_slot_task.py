@@ -37,13 +37,13 @@ def main() -> None:
     if strategy.name == "parameter_server" and strategy.is_chief:
         strategy.wait_for_workers()  # every worker's pushes are in: the final global step
     print("SLOT " + json.dumps({
-        "host": socket.gethostname(), "job": task.job_name, "index": task.task_index, "cluster": task.cluster,
-        "rank": task.rank, "world_size": task.world_size, "strategy": strategy.name,
+        "host": socket.gethostname(), "job": task.identity.job_name, "index": task.identity.task_index, "cluster": task.identity.cluster,
+        "rank": task.identity.rank, "world_size": task.identity.world_size, "strategy": strategy.name,
         "global_step": strategy.global_step, "chief": strategy.is_chief,
         "seconds": {"import": round(IMPORTED, 1), "placed": round(placed, 1), "trained": round(time.monotonic() - START, 1)},
     }), flush=True)
     strategy.shutdown()
-    print(f"SHUTDOWN {task.job_name}:{task.task_index} at {time.monotonic() - START:.1f} s", flush=True)
+    print(f"SHUTDOWN {task.identity.job_name}:{task.identity.task_index} at {time.monotonic() - START:.1f} s", flush=True)
 
 
 if __name__ == "__main__":

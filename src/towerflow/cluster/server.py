@@ -66,11 +66,14 @@ class Server:
         join_timeout: Optional[float] = None,
         start: bool = True,
         argv: Optional[Sequence[str]] = None,
+        context: Optional[_taskenv.TaskContext] = None,
     ):
         source = "arguments"
-        env = _taskenv.resolve()  # this task's settings: timeouts, restarts, transports, the launcher's store
+        # this task's settings (timeouts, restarts, transports, the launcher's store): the entry point's context,
+        # else built here from the environment
+        env = context if context is not None else _taskenv.resolve()
         if cluster is None:
-            info = _env.read_task(list(sys.argv[1:]) if argv is None else argv)
+            info = _env.read_task(list(sys.argv[1:]) if argv is None else argv, context=env)
             cluster, job_name, task_index, source = info.cluster, job_name or info.job_name, (
                 info.task_index if task_index is None else task_index
             ), info.source
@@ -90,19 +93,19 @@ class Server:
         self.binding: Optional[_addresses.Binding] = None
         if source not in ("torchrun", "env") or self.is_coordinator:
             self.binding = _addresses.binding_for(self.cluster, self.job_name, self.task_index)
-        self.token = token or env.cluster_token()
-        self.join_timeout = float(join_timeout) if join_timeout is not None else env.join_timeout
-        self.heartbeat_timeout = env.heartbeat_timeout
+        self.token = token or env.join.cluster_token()
+        self.join_timeout = float(join_timeout) if join_timeout is not None else env.join.join_timeout
+        self.heartbeat_timeout = env.join.heartbeat_timeout
         from towerflow.cluster.calls.wire_security import WireSecurity  # zmq, for processes that are tasks only
 
-        self.wire_security = WireSecurity(env.wire_security or self._default_wire_security(), self.token)
+        self.wire_security = WireSecurity(env.join.wire_security or self._default_wire_security(), self.token)
         self.context = env  # this task's resolved environment, handed to what runs in it (the ps client, the strategy)
-        self.max_restarts = env.max_restarts
-        restarts = env.restart_count
-        store_address = env.store  # the launcher's store, when it hosts one
+        self.max_restarts = env.join.max_restarts
+        restarts = env.identity.restart_count
+        store_address = env.join.store  # the launcher's store, when it hosts one
         self.rendezvous = Rendezvous(self.cluster, self.job_name, self.task_index, token=self.token,
                                      join_timeout=self.join_timeout, binding=self.binding,
-                                     store_address=store_address, incarnation=restarts, launch_id=env.launch_id)
+                                     store_address=store_address, incarnation=restarts, launch_id=env.identity.launch_id)
         self.membership = Membership(self.rendezvous, heartbeat_timeout=self.heartbeat_timeout,
                                      join_timeout=self.join_timeout, max_restarts=self.max_restarts)
         self.replaced: List[str] = []  # call names of dead incarnations this one took over from
@@ -220,7 +223,7 @@ class Server:
         from towerflow.devices.logical import set_local_task
 
         set_local_task(self.job_name, self.task_index)  # device names and cached placements follow
-        self.context = _taskenv.current()  # now naming this task
+        self.context = self.context.as_task(self.job_name, self.task_index)  # now naming this task
         if self.binding is not None:  # any process group on the interface of this task's address
             for name, value in self.binding.socket_environment().items():
                 _library_env.set_default(name, value)

@@ -181,29 +181,29 @@ class ClusterSpec:
     def from_tf_config(cls, tf_config: Optional[str] = None) -> "ClusterSpec":
         """The "cluster" part of TF_CONFIG (the environment variable when no text is given)."""
         if tf_config is None:
-            return cls(_taskenv.current().cluster or parse_tf_config("")[0])
+            return cls(_taskenv.current().identity.cluster or parse_tf_config("")[0])
         if not tf_config.strip():
             parse_tf_config(tf_config)  # raises: "TF_CONFIG is empty"
         return cls(_taskenv.parse_tf_config(tf_config, required=False)[0])  # '{}' or no "cluster": empty, as in TF
 
     @classmethod
-    def from_torchrun(cls, env: Union[None, "_taskenv.TaskEnv", Mapping[str, str]] = None) -> "ClusterSpec":
-        """A worker-only cluster from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (a TaskEnv, a mapping, or this process's).
+    def from_torchrun(cls, env: Union[None, "_taskenv.TaskContext", Mapping[str, str]] = None) -> "ClusterSpec":
+        """A worker-only cluster from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (a TaskContext, a mapping, or this process's).
 
         torchrun does not say where the other ranks live, so worker i is named
         MASTER_ADDR:MASTER_PORT+1+i; only worker 0's address is listened on (it coordinates),
         the other workers do not hold their named address when it is not on their host.
         """
-        if not isinstance(env, _taskenv.TaskEnv):
+        if not isinstance(env, _taskenv.TaskContext):
             env = _taskenv.current() if env is None else _taskenv.read(env)
-        missing = [name for name, value in (("WORLD_SIZE", env.world_size), ("MASTER_ADDR", env.master_addr),
-                                            ("MASTER_PORT", env.master_port)) if value is None]
+        missing = [name for name, value in (("WORLD_SIZE", env.identity.world_size), ("MASTER_ADDR", env.identity.master_addr),
+                                            ("MASTER_PORT", env.identity.master_port)) if value is None]
         if missing:
             raise ClusterSpecError(f"torchrun variables missing: {', '.join(missing)} (set by torchrun for each rank)")
-        size, port = env.world_size, env.master_port
+        size, port = env.identity.world_size, env.identity.master_port
         if port + size + 1 > 65535:
             raise ClusterSpecError(f"bad MASTER_PORT {port!r}: expected an integer port with room for {size} more above it")
-        return cls({"worker": [f"{env.master_addr}:{port + 1 + i}" for i in range(size)]})
+        return cls({"worker": [f"{env.identity.master_addr}:{port + 1 + i}" for i in range(size)]})
 
     # --- TF's methods ------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from towerflow.errors import ConfigError, did_you_mean
 def local_task() -> DeviceSpec:
     """This process's place in the cluster (from the task environment), `/job:localhost/replica:0/task:0` outside one."""
     task = _taskenv.current()
-    return DeviceSpec(job=task.job_name or "localhost", replica=0, task=task.task_index or 0)
+    return DeviceSpec(job=task.identity.job_name or "localhost", replica=0, task=task.identity.task_index or 0)
 
 
 _identity_listeners: List[Callable[[], None]] = []

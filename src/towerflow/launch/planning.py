@@ -14,14 +14,14 @@ import os
 import sys
 
 from towerflow import etcd_url, taskenv
-from towerflow.cluster.membership.gather import complete
+from towerflow.cluster.environment import scheduled_slot
 from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
 from towerflow.errors import LaunchError, TowerflowError
 from towerflow.launch.config import LaunchConfig
 from towerflow.launch.environment import export_profile, export_ps_mode, has_token, wire_security
 from towerflow.launch.local import LaunchPlan, command_for, plan_local, plan_one
-from towerflow.launch.scheduled import plan_scheduled, resolve_slot
+from towerflow.launch.scheduled import plan_scheduled
 from towerflow.launch.supervisor import Supervisor
 
 
@@ -123,10 +123,12 @@ def _scheduled_slot(config: LaunchConfig):
     """This slot's task when a scheduler started this launcher (its cluster gathered if need be); None: no scheduler."""
     task = taskenv.resolve()
     given = {k: v for k, v in (("ps", config.ps), ("chief", config.chief), ("evaluator", config.evaluator)) if v}
-    resolved = resolve_slot(task.scheduler_env, config.scheduler,
-                            dataclasses.replace(Roles.from_env(task.scheduler_env), **given))
-    if resolved is None:
-        return None
+    return scheduled_slot(task, config.scheduler, dataclasses.replace(Roles.from_env(task.scheduler_env), **given),
+                          check=lambda resolved: _no_task_counts(config, resolved))
+
+
+def _no_task_counts(config: LaunchConfig, resolved) -> bool:
+    """True, or LaunchError for --workers / --nproc / --devices under a scheduler, which starts the tasks itself."""
     extra = [f for f, v in (("--workers", config.workers), ("--nproc", config.nproc), ("--devices", config.devices))
              if v is not None]
     if extra:
@@ -136,7 +138,7 @@ def _scheduled_slot(config: LaunchConfig):
             "scheduler for more tasks (srun -n N, mpirun -n N), or add --scheduler none to run a whole embedded "
             "cluster in every slot"
         )
-    return complete(resolved, task.join_timeout, task.scheduler_env)
+    return True
 
 
 # What each wire security is and costs, said once by a launcher whose cluster spans hosts. The figure: docs/benchmarks.md,

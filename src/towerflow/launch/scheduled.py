@@ -29,7 +29,7 @@ NOT_INHERITED = (_te.ENV_RANK, _te.ENV_LOCAL_RANK, _te.ENV_LOCAL_WORLD_SIZE, "GR
 
 def resolve_slot(env: Mapping[str, str], scheduler: Optional[str] = None,
                  roles: Optional[Roles] = None) -> Optional[Resolved]:
-    """This process's task of the scheduler's job (`env`: `TaskEnv.scheduler_env`); None: no scheduler.
+    """This process's task of the scheduler's job (`env`: `TaskContext.scheduler_env`); None: no scheduler.
 
     `scheduler` (else TOWERFLOW_SCHEDULER) forces a resolver, or `none` ignores any. A TF_CONFIG or
     TOWERFLOW_JOB_NAME is not a scheduler here: `--cluster FILE` launches one task of a TF_CONFIG cluster.

@@ -39,13 +39,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if server.job_name != "ps":
         sys.exit(f"towerflow.ps.serve: {server.name} is not a ps task; run the training script on it")
     task = server.context
-    if not task.threads_set_by_user:  # the ps shares the host's cores with the other local tasks, as workers do
+    if not task.tuning.threads_set_by_user:  # the ps shares the host's cores with the other local tasks, as workers do
         torch.set_num_threads(server.cluster.threads_per_local_task(os.cpu_count() or 1))
     served = served_here(server)
     warm_up()  # while the workers build their models
-    logdir = task.logdir
+    logdir = task.tuning.logdir
     recorder = PSRecorder(logdir, f"ps:{server.task_index}", served.services,
-                          restarts=task.restart_count).start() if logdir else None
+                          restarts=task.identity.restart_count).start() if logdir else None
     try:
         server.join()
     finally:

@@ -60,7 +60,7 @@ class MonitoredTrainingSession:
             is_chief = strategy.is_chief if strategy is not None else default_is_chief()
         self.is_chief = is_chief
         self.context = strategy.context if strategy is not None else _taskenv.current()
-        self.task = f"{self.context.job_name or 'localhost'}:{self.context.task_index or 0}"
+        self.task = f"{self.context.identity.job_name or 'localhost'}:{self.context.identity.task_index or 0}"
         self.checkpoints = CheckpointManager(logdir, keep=keep_checkpoints) if logdir else None
         self.metrics: Optional[MetricsWriter] = None
         self.restored: Optional[RestoredState] = None
@@ -81,10 +81,10 @@ class MonitoredTrainingSession:
         self._tensorboard = bool(save_summaries_steps)  # the metrics records mirrored to LOGDIR/tensorboard
         if progress:
             hooks.append(ProgressHook())
-        window = self.context.profile_from
+        window = self.context.tuning.profile_from
         if window is not None and not any(isinstance(h, ProfilerHook) for h in hooks):  # towerflow launch --profile-steps
-            where = self.context.logdir or logdir
-            hooks.append(ProfilerHook(window, self.context.profile_steps or 10,
+            where = self.context.tuning.logdir or logdir
+            hooks.append(ProfilerHook(window, self.context.tuning.profile_steps or 10,
                                       os.path.join(where, "profile") if where else None))
         self.hooks: List[SessionHook] = [h for h in hooks if h.runs_on == "all" or self.is_chief]
 
@@ -104,7 +104,7 @@ class MonitoredTrainingSession:
             device = getattr(self.strategy, "device_name", None) or _local_device_name()
             self.metrics = MetricsWriter(self.logdir, self.task, role="chief" if self.is_chief else "worker", device=device,
                                          tensorboard=self._tensorboard)
-            self.metrics.write(self.global_step, event=EVENT_START, restarts=self.context.restart_count)
+            self.metrics.write(self.global_step, event=EVENT_START, restarts=self.context.identity.restart_count)
         for hook in self.hooks:
             hook.begin(self)
         if self.checkpoints is not None:

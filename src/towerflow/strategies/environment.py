@@ -91,33 +91,33 @@ def strategy_from_env(name: Optional[str] = None, **options):
     """
     strategies = _registry()
     task = _place_from_scheduler(_taskenv.resolve())
-    if task.job_name == "ps" and task.cluster and (name or task.strategy or "parameter_server") == "parameter_server":
+    if task.identity.job_name == "ps" and task.identity.cluster and (name or task.tuning.strategy or "parameter_server") == "parameter_server":
         _serve_and_exit()
     env = read_env(None)
-    name = choose_strategy(env, name or task.strategy, strategies)
+    name = choose_strategy(env, name or task.tuning.strategy, strategies)
     if name == "one_device" and env.assigned_device and "device" not in options:
         options["device"] = env.assigned_device
     return strategies[name](**options)
 
 
-def _place_from_scheduler(task: "_taskenv.TaskEnv") -> "_taskenv.TaskEnv":
+def _place_from_scheduler(task: "_taskenv.TaskContext") -> "_taskenv.TaskContext":
     """This process's task environment, placed from a scheduler's slot when nothing placed it yet."""
     from towerflow.cluster import schedulers
-    from towerflow.cluster.membership import gather
+    from towerflow.cluster.environment import scheduled_slot
 
-    if task.cluster:  # TF_CONFIG placed it: checked as `towerflow cluster` checks it (an index out of range, roles)
+    if task.identity.cluster:  # TF_CONFIG placed it: checked as `towerflow cluster` checks it (an index out of range, roles)
         schedulers.resolve(task.scheduler_env)
         return task
-    resolved = schedulers.resolve_scheduler(task.scheduler_env)
     named = bool((task.scheduler_env.get(_taskenv.ENV_SCHEDULER) or "").strip())
-    if resolved is None or (task.world_size is not None and not named
-                            and schedulers.Roles.from_env(task.scheduler_env).is_default):
-        return task  # not scheduled, or torchrun's / a PyTorchJob's own replica group without roles
+    own_group = task.identity.world_size is not None and not named  # torchrun's / a PyTorchJob's own replica group ...
+    resolved = scheduled_slot(task, check=lambda r: not (  # ... kept as it is unless roles are asked for
+        own_group and schedulers.Roles.from_env(task.scheduler_env).is_default))
+    if resolved is None:
+        return task
     from towerflow.launch import environment as launch_env
     from towerflow.launch.scheduled import NOT_INHERITED, slot_environment
 
-    resolved = gather.complete(resolved, task.join_timeout, task.scheduler_env)
-    launch_env.adopt(slot_environment(resolved, logdir=task.logdir), drop=NOT_INHERITED)
+    launch_env.adopt(slot_environment(resolved, logdir=task.tuning.logdir), drop=NOT_INHERITED)
     return _taskenv.current()
 
 

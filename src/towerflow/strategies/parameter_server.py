@@ -92,16 +92,16 @@ class ParameterServerStrategy(Strategy):
             raise StrategyError(f"{self.server.name} is neither chief nor worker; only those train with parameter servers")
         # The task's settings (towerflow launch --mode ...); arguments win over the environment.
         task = self.server.context
-        device = task.device if device is None else device
-        mode = mode or task.ps_mode or "async"
-        replicas_to_aggregate = task.ps_replicas_to_aggregate if replicas_to_aggregate is None else replicas_to_aggregate
-        staleness = task.ps_staleness if staleness is None else staleness
-        local_steps = check_local_steps(task.ps_local_steps if local_steps is None else local_steps)
-        ps_replicas = check_ps_replicas((task.ps_replicas or 1) if ps_replicas is None else ps_replicas,
+        device = task.identity.device if device is None else device
+        mode = mode or task.ps.mode or "async"
+        replicas_to_aggregate = task.ps.replicas_to_aggregate if replicas_to_aggregate is None else replicas_to_aggregate
+        staleness = task.ps.staleness if staleness is None else staleness
+        local_steps = check_local_steps(task.ps.local_steps if local_steps is None else local_steps)
+        ps_replicas = check_ps_replicas((task.ps.replicas or 1) if ps_replicas is None else ps_replicas,
                                         cluster.num_tasks("ps"))
-        ps_replica_lag = check_replica_lag((task.ps_replica_lag or 0) if ps_replica_lag is None else ps_replica_lag,
+        ps_replica_lag = check_replica_lag((task.ps.replica_lag or 0) if ps_replica_lag is None else ps_replica_lag,
                                            ps_replicas, mode)
-        self._restarted_at = task.restarted_at
+        self._restarted_at = task.identity.restarted_at
         if partition_strategy not in PARTITION_STRATEGIES:
             raise ParameterServerError(f"partition_strategy={partition_strategy!r}: expected one of {PARTITION_STRATEGIES} "
                                        "(TF's embedding_lookup: 'mod' puts id i on ps task i % P, 'div' splits ranges)")
@@ -109,7 +109,7 @@ class ParameterServerStrategy(Strategy):
         torch_device, device_name = resolve_device(device) if device is not None else default_device()
         if torch_device.type == "cuda":
             torch.cuda.set_device(torch_device)
-        elif not task.threads_set_by_user:
+        elif not task.tuning.threads_set_by_user:
             torch.set_num_threads(cluster.threads_per_local_task(os.cpu_count() or 1))
         spec = PolicySpec(mode, len(replicas), replicas_to_aggregate, staleness, staleness_aware_lr)
         # built here only so that a bad mode or setting fails on the worker, with the policy's own message

@@ -49,10 +49,10 @@ class ReplicaEnv:
 def read_env(env: Optional[Mapping[str, str]] = None) -> ReplicaEnv:
     """This process's replica place, from the task environment (`env` replaces this process's, for tests)."""
     task = _taskenv.current() if env is None else _taskenv.read(env)
-    cluster = {k: list(v) for k, v in task.cluster.items()}
-    world = task.world_size or 1
-    rank = task.rank or 0
-    local_world = task.local_world_size or 0
+    cluster = {k: list(v) for k, v in task.identity.cluster.items()}
+    world = task.identity.world_size or 1
+    rank = task.identity.rank or 0
+    local_world = task.identity.local_world_size or 0
     if not local_world:  # not in the contract; derive it: same-host peers in TF_CONFIG, else one host
         replicas = [a for job in ("chief", "worker") for a in cluster.get(job, [])]
         here = replicas[rank].rsplit(":", 1)[0] if rank < len(replicas) and len(replicas) == world else None
@@ -60,17 +60,17 @@ def read_env(env: Optional[Mapping[str, str]] = None) -> ReplicaEnv:
     return ReplicaEnv(
         rank=rank,
         world_size=world,
-        local_rank=task.local_rank if task.local_rank is not None else (rank if local_world == world else 0),
+        local_rank=task.identity.local_rank if task.identity.local_rank is not None else (rank if local_world == world else 0),
         local_world_size=local_world,
-        assigned_device=task.device,
+        assigned_device=task.identity.device,
         cluster=cluster,
-        task_type=task.job_name if cluster else None,
-        task_index=task.task_index or 0,
-        master_addr=task.master_addr,
-        master_port=task.master_port,
+        task_type=task.identity.job_name if cluster else None,
+        task_index=task.identity.task_index or 0,
+        master_addr=task.identity.master_addr,
+        master_port=task.identity.master_port,
         group_prefix=task.agent_store_prefix,
-        threads_set_by_user=task.threads_set_by_user,
-        towers_allocator=task.towers_allocator,
-        join_timeout=task.join_timeout,
-        heartbeat_timeout=task.heartbeat_timeout,
+        threads_set_by_user=task.tuning.threads_set_by_user,
+        towers_allocator=task.tuning.towers_allocator,
+        join_timeout=task.join.join_timeout,
+        heartbeat_timeout=task.join.heartbeat_timeout,
     )

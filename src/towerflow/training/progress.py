@@ -40,14 +40,14 @@ class Progress:
         self.local_samples = self.global_samples = 0
         self._t0: Optional[float] = None
         here = strategy.context
-        logdir = logdir or here.logdir
+        logdir = logdir or here.tuning.logdir
         self.metrics: Optional[MetricsWriter] = None
         self._window: Optional[StepAccumulator] = None
         if logdir:
-            self.metrics = MetricsWriter(logdir, f"{here.job_name or 'localhost'}:{here.task_index or 0}",
+            self.metrics = MetricsWriter(logdir, f"{here.identity.job_name or 'localhost'}:{here.identity.task_index or 0}",
                                          role="chief" if strategy.is_chief else "worker",
                                          device=getattr(strategy, "device_name", None))
-            self.metrics.write(strategy.global_step, event=EVENT_START, restarts=here.restart_count)
+            self.metrics.write(strategy.global_step, event=EVENT_START, restarts=here.identity.restart_count)
             self._window = StepAccumulator()
 
     @property

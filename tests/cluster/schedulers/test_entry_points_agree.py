@@ -49,7 +49,6 @@ def place(monkeypatch):
     for name in [*taskenv.scheduler_variables(os.environ), taskenv.ENV_STRATEGY]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(gather, "complete", _gathered)
-    monkeypatch.setattr(planning, "complete", _gathered)
     monkeypatch.setattr(addresses, "resolve", lambda host, where="": ["10.9.8.7"])
     monkeypatch.setattr(addresses, "local_addresses", lambda: {"10.9.8.7": "eth0"})
     chosen = []
@@ -75,8 +74,8 @@ def place(monkeypatch):
         try:
             strategy_environment.strategy_from_env()
             task, place = taskenv.current(), read_env()
-            if task.cluster:
-                out["strategy"] = (task.job_name, task.task_index, sum(len(v) for v in task.cluster.values()))
+            if task.identity.cluster:
+                out["strategy"] = (task.identity.job_name, task.identity.task_index, sum(len(v) for v in task.identity.cluster.values()))
             elif place.world_size > 1:
                 out["strategy"] = ("worker", place.rank, place.world_size)
             else:

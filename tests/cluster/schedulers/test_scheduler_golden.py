@@ -27,7 +27,7 @@ def test_there_are_enough_recorded_environments_each_with_where_it_came_from():
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_a_recorded_environment_resolves_as_recorded(case):
-    env = taskenv.scheduler_variables(case["env"])  # what TaskEnv captures is all a resolver gets
+    env = taskenv.scheduler_variables(case["env"])  # what TaskContext captures is all a resolver gets
     if "error" in case:
         with pytest.raises(SchedulerError) as caught:
             resolve(env, scheduler=case.get("scheduler"))

@@ -204,7 +204,7 @@ def record(error: Optional[BaseException] = None, text: Optional[str] = None) ->
             rec, _first = found
         elif found is not None:
             _board_error = f"could not record this failure in the cluster's store, so it is not numbered: {found}"
-        path = _task_env().error_file
+        path = _task_env().join.error_file
         if path:  # before the record is published: the launcher knows before any task reacts to it
             try:
                 FailureReport(rec, _first).write(path)
@@ -228,14 +228,14 @@ def _board() -> Optional[_Board]:
     if _attached is not None:
         return _Board(_attached)
     env = _task_env()
-    address = env.store
+    address = env.join.store
     if address and etcd_url.is_etcd_url(address):
         from towerflow.cluster.store import stores
         from towerflow.cluster.spec import ClusterSpec
 
-        if not env.cluster:  # the run's prefix is named after the cluster: unknown here
+        if not env.identity.cluster:  # the run's prefix is named after the cluster: unknown here
             return None
-        return _Board(stores.open_etcd(address, ClusterSpec(env.cluster), BOARD_TIMEOUT, BOARD_TIMEOUT, "failure")[0])
+        return _Board(stores.open_etcd(address, ClusterSpec(env.identity.cluster), BOARD_TIMEOUT, BOARD_TIMEOUT, "failure")[0])
     if address:
         host, port = split_address(address)
         from towerflow.cluster.store import c10d
@@ -266,24 +266,24 @@ def _with_deadline(fn: Callable[[], Any]) -> Any:
     return out["value"] if "value" in out else TimeoutError(f"no answer within {BOARD_TIMEOUT:g} s")
 
 
-def _task_env() -> "_taskenv.TaskEnv":
+def _task_env() -> "_taskenv.TaskContext":
     """The task environment; a bad variable must not stop a failure from being recorded (it has its own error)."""
     try:
         return _taskenv.current()
     except _taskenv.TaskEnvironmentError:
-        return _taskenv.TaskEnv()
+        return _taskenv.TaskContext()
 
 
 def _restart_count() -> int:
-    return _task_env().restart_count
+    return _task_env().identity.restart_count
 
 
 def _identity():
     """(name, job, index) of this process: its task, else its replica rank, else its pid."""
     task = _task_env()
     if task.has_task:
-        return f"/job:{task.job_name}/task:{task.task_index}", task.job_name, task.task_index
-    return (f"rank {task.rank}" if task.rank is not None else f"pid {os.getpid()}"), None, None
+        return f"/job:{task.identity.job_name}/task:{task.identity.task_index}", task.identity.job_name, task.identity.task_index
+    return (f"rank {task.identity.rank}" if task.identity.rank is not None else f"pid {os.getpid()}"), None, None
 
 
 def _make(error: Optional[BaseException], text: Optional[str]) -> FailureRecord:
@@ -345,7 +345,7 @@ def _describe(rec: FailureRecord, first: Optional[FailureRecord]) -> str:
         why = rec.summary.split(": ", 1)[1]
         after = f" ({first.task} failed first: {first.error})" if first and first.task not in why else ""
         return f"towerflow: {why if why.startswith(rec.task + ' ') else rec.task + ' ' + rec.summary}{after}"
-    if _task_env().error_file and _report_error is None:
+    if _task_env().join.error_file and _report_error is None:
         if first and first.task != rec.task:
             return f"towerflow: {rec.task} failed too, after {first.task}: {rec.error}"
         return f"towerflow: {rec.task} failed: {rec.error}; the launcher prints its traceback when the run ends"

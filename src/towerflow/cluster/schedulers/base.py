@@ -1,6 +1,6 @@
 """The interface every scheduler resolver implements, and what it returns: a frozen `Resolved`.
 
-A resolver is pure: it reads a `Mapping[str, str]` (`TaskEnv.scheduler_env`, or a recorded
+A resolver is pure: it reads a `Mapping[str, str]` (`TaskContext.scheduler_env`, or a recorded
 environment in a test), never the process's environment, and starts nothing.
 """
 

@@ -33,7 +33,7 @@ def from_tf_config(resolver: SchedulerResolver, env: Mapping[str, str], roles: R
             f"give ranks (Slurm, MPI, torchrun, PyTorchJob): unset {_te.ENV_PS_TASKS}/{_te.ENV_CHIEF}/"
             f"{_te.ENV_EVALUATOR} and leave out --ps/--chief/--evaluator"
         )
-    task = _te.read(env)
+    task = _te.read(env).identity
     if not task.cluster:
         raise SchedulerError(f"{_te.ENV_JOB_NAME}={task.job_name!r} is set but TF_CONFIG names no cluster; set TF_CONFIG "
                              "to {\"cluster\": {...}, \"task\": {...}} or unset it")

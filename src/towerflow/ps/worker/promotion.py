@@ -41,7 +41,7 @@ class Promotion:
                 self._beats = {ch.task: self.server.membership.beat_count("ps", ch.task) for ch in self.client.channels}
             except Exception:  # the store did not answer: the waits go one after the other
                 return
-            self._until = time.monotonic() + self.server.context.ps_promote_after
+            self._until = time.monotonic() + self.server.context.ps.promote_after
 
     def wait_or_promote(self, gone: PSTaskLost) -> Optional[str]:
         """The lost task's call name once it is back (a restarted incarnation's, or its own when it lives on), or
@@ -50,7 +50,7 @@ class Promotion:
         will not restart (no restarts left) as soon as its heartbeats show it gone."""
         server, cause = self.server, str(gone.reason)
         if self.client.ps_replicas > 1:
-            wait = server.context.ps_promote_after
+            wait = server.context.ps.promote_after
             ch = next(c for c in self.client.channels if c.task == gone.part)
             if ch.via is not None and gone.name == ch.via:
                 return self._promote_onward(ch, gone)
@@ -79,7 +79,7 @@ class Promotion:
         via, server = ch.via, self.server
         via_task = task_of(via)[1]
         if server.call_name_of("ps", via_task) == via and server.membership.beats_on(
-                "ps", via_task, server.context.ps_promote_after):
+                "ps", via_task, server.context.ps.promote_after):
             return via
         onward = backup_of(via_task, ps_hosts(server.cluster))
         if onward != gone.part and self._promote(gone, lost=via, at=onward):
@@ -97,7 +97,7 @@ class Promotion:
         """Why the lost task's part is served where it is now, for the worker's line."""
         if task in self._why:
             return self._why.pop(task)
-        wait = self.server.context.ps_promote_after
+        wait = self.server.context.ps.promote_after
         if not self.server.membership.will_be_restarted("ps", task):
             return f"will not be restarted (no restarts left) and was silent for {wait:g} s"
         return f"was not back within {wait:g} s"

@@ -63,7 +63,7 @@ class Stepper:
             return
         ch.link_tried_for = ch.to
         server = self.calls.server
-        if not linked.wanted(server.cluster, (server.job_name, server.task_index), ch.task, server.context.ps_link):
+        if not linked.wanted(server.cluster, (server.job_name, server.task_index), ch.task, server.context.ps.link):
             return
         link = linked.offer_for(ch, server.name)
         if link is None:

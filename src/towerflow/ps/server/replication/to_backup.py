@@ -69,7 +69,7 @@ def _direct_sender(server, model: str, task: int, serving: int, backup_task: int
     wait for an ack."""
     same_host = _shm_link.same_host(server.cluster.task_address("ps", serving),
                                     server.cluster.task_address("ps", backup_task))
-    use_link = same_host and server.context.ps_link != "zmq"
+    use_link = same_host and server.context.ps.link != "zmq"
 
     def open_for(to: str):
         if _calls.on_socket_thread():
