@@ -151,7 +151,7 @@ class _Server:
             will_be_restarted=lambda job, task: restarts_used < max_restarts,
             beats_on=lambda job, task, within: self.beats_watched.append((task, within)) or beating,
             beat_count=lambda job, task: 0)
-        self.context = types.SimpleNamespace(ps_promote_after=5.0)
+        self.context = types.SimpleNamespace(ps=types.SimpleNamespace(promote_after=5.0))
         self.waited = []
         self.clock = [100.0]  # time.monotonic() of promotion.py, when a test puts it there
 
@@ -183,7 +183,7 @@ class _Client(_RecordingClient):
         assert (restarted, wait_open) == (False, False)
         self.channels[0].pushes = 9  # ps 0's backup lacks the last push
 
-    def _push_pull_call(self, ch, buffers, push):
+    def resend(self, ch, buffers, push):
         self.pushed_again.append((ch.task, ch.via, push.clock))
         return ("push", ch.task)
 
