@@ -1,12 +1,12 @@
-"""When a primary seeds its backup anew (`FreshSeeds` in `ps/server/replication/replicator.py`): by bytes of pushes
+"""When a primary seeds its backup anew (`FreshSeeds` in `ps/server/replication/fresh_seeds.py`): by bytes of pushes
 for a small state, by op count however small the ops, by a half-full ring, and never for a state too large to send
 that often."""
 
 from __future__ import annotations
 
 from towerflow.ps.replication_messages import MIRROR_HOLD_BYTES, REFRESH_BYTES, REFRESH_FACTOR, REFRESH_OPS
-from towerflow.ps.server.replication import replicator as _replicator
-from towerflow.ps.server.replication.replicator import FreshSeeds
+from towerflow.ps.server.replication import fresh_seeds as _fresh_seeds
+from towerflow.ps.server.replication.fresh_seeds import FreshSeeds
 
 
 def _never() -> bool:
@@ -14,7 +14,7 @@ def _never() -> bool:
 
 
 def test_a_small_state_is_seeded_anew_after_its_bytes_of_pushes_and_counts_afresh(monkeypatch):
-    monkeypatch.setattr(_replicator, "REFRESH_BYTES", 0)  # by the state's size alone
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_BYTES", 0)  # by the state's size alone
     seeds = FreshSeeds()
     seeds.seeded(1 << 20)
     assert seeds.after == REFRESH_FACTOR * (1 << 20)

@@ -10,7 +10,7 @@ import torch
 
 from towerflow.ps.messages import PushPull
 from towerflow.ps.replication_messages import REFRESH_BYTES, REFRESH_FACTOR, ReplicaFrame, SeedOp
-from towerflow.ps.server.replication import replicator as _replicator
+from towerflow.ps.server.replication import fresh_seeds as _fresh_seeds
 from towerflow.ps.server.replication import mirror as _mirror
 from towerflow.ps.server.replication.mirror import Mirror
 from towerflow.ps.server.replication import snapshot as _snapshot
@@ -43,7 +43,7 @@ def test_the_backup_holds_ops_unapplied_and_its_state_is_the_primarys_when_read(
 
 
 def test_a_small_primary_seeds_its_backup_anew_so_that_it_never_applies_a_push(monkeypatch):
-    monkeypatch.setattr(_replicator, "REFRESH_BYTES", 0)  # by its state's size alone: a few steps here
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_BYTES", 0)  # by its state's size alone: a few steps here
     link = FakeLink()
     primary = _service(SyncPolicy(2, 2), 2)
     replica, _ = _replicated(primary, link)

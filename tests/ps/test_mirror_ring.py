@@ -10,7 +10,7 @@ import torch
 
 from towerflow.cluster.link import shm_ring
 from towerflow.ps.messages import PushPull, Ticket
-from towerflow.ps.server.replication import replicator as _replicator
+from towerflow.ps.server.replication import fresh_seeds as _fresh_seeds
 from towerflow.ps.server.replication import mirror_link as _mirror_link
 from towerflow.ps.policies import AsyncPolicy
 from tests.ps.test_replication import FakeLink, _grads, _replicated, _same, _service
@@ -110,8 +110,8 @@ def test_a_workers_reply_never_waits_for_another_workers_next_push(monkeypatch):
 def test_no_reply_waits_for_a_fresh_seed_and_a_primary_lost_before_it_arrives_loses_nothing(monkeypatch):
     """A fresh seed is the state after ops the backup holds already: it takes no number of its own, so the replies
     after it wait for nothing while it travels, and a primary lost before it arrives leaves a mirror with every op."""
-    monkeypatch.setattr(_replicator, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
-    monkeypatch.setattr(_replicator, "REFRESH_BYTES", 0)
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_BYTES", 0)
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
     _steps(primary, link, 2)  # this thread's ring is open
     link.flush()
@@ -141,9 +141,9 @@ def test_a_tiny_parts_ring_never_fills_its_backup_is_seeded_anew_first(monkeypat
     """A part whose pushes are a few bytes would take many of them to reach the bytes of a fresh seed; its backup takes
     the ring's records only at a seed, so it is seeded anew after half as many ops as a ring holds, and no push has to
     wake it through a slot."""
-    monkeypatch.setattr(_replicator, "REFRESH_OPS", 4)
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_OPS", 4)
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=8)
-    assert replica.fresh.after == _replicator.REFRESH_BYTES  # far more than 30 pushes' bytes
+    assert replica.fresh.after == _fresh_seeds.REFRESH_BYTES  # far more than 30 pushes' bytes
     for start in range(0, 30, 3):
         _steps(primary, link, 3, first=start)
         link.flush()  # the fresh seeds reach the backup
@@ -157,7 +157,7 @@ def test_one_workers_ring_never_fills_its_backup_is_seeded_anew_at_half(monkeypa
     what a refreshed mirror holds): the backup is seeded anew once the ring is half full, before any push has to go
     through a slot and make the backup copy out every record."""
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch, slots=8)
-    assert replica.fresh.after == _replicator.REFRESH_BYTES and _replicator.REFRESH_OPS > 30
+    assert replica.fresh.after == _fresh_seeds.REFRESH_BYTES and _fresh_seeds.REFRESH_OPS > 30
     for start in range(0, 30, 3):
         _steps(primary, link, 3, first=start)
         link.flush()
@@ -178,8 +178,8 @@ def test_a_half_full_ring_is_seeded_anew_once_not_again_while_the_seed_travels(m
 
 
 def test_a_fresh_seed_makes_the_rings_records_moot(monkeypatch):
-    monkeypatch.setattr(_replicator, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
-    monkeypatch.setattr(_replicator, "REFRESH_BYTES", 0)
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_FACTOR", 0.01)  # a fresh seed after every push
+    monkeypatch.setattr(_fresh_seeds, "REFRESH_BYTES", 0)
     primary, replica, link, mirror, senders, _ = _ring_fed(monkeypatch)
     _steps(primary, link, 6)
     assert replica.refreshes >= 5

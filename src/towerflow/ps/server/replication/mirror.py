@@ -9,7 +9,7 @@ feeds the mirror, is ignored), applies the ops strictly in their numbers' order,
 frame with the last number it holds in order: the primary's acknowledgement. Holding is what the
 primary needs; applying can wait. So the ops stay queued, unapplied, up to `MIRROR_HOLD_BYTES` of their
 tensors: a primary whose whole state is small sends a fresh seed every so often
-(`replicator.FreshSeeds`), which makes the ops queued before it moot, and a backup then never runs the
+(`fresh_seeds.FreshSeeds`), which makes the ops queued before it moot, and a backup then never runs the
 primary's optimizer at all. Past the bound, or when the state is asked for (a restore, a promotion),
 the thread that finds them applies the queued ops, unless another thread is applying already (then it
 leaves them to that one): no thread of its own, so no wake-up per op.

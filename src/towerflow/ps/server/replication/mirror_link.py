@@ -30,7 +30,7 @@ from towerflow.ps.replication_messages import MIRROR_HOLD_BYTES, REFRESH_OPS, Pu
 
 RING_BYTES = MIRROR_HOLD_BYTES // 2  # a ring's records at most: what a refreshed mirror holds between seeds
 RING_MIN_SLOTS = 8  # fewer records of a large push would fill it too often to save a wake-up
-RING_MAX_SLOTS = 2 * REFRESH_OPS  # a small state's mirror is seeded anew after half as many ops (replicator.FreshSeeds)
+RING_MAX_SLOTS = 2 * REFRESH_OPS  # a small state's mirror is seeded anew after half as many ops (fresh_seeds.FreshSeeds)
 
 
 class _SlotAck:
