@@ -12,6 +12,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
+from towerflow._io import atomic_write
 from towerflow.data.file_formats import pyarrow
 from towerflow.data.schema import CRITEO_CATS, CRITEO_DENSE
 from towerflow.errors import DataError
@@ -119,6 +120,6 @@ def _write_named(directory: str, batch, lists: int, row_group: int) -> str:
     os.makedirs(directory, exist_ok=True)
     count = len([f for f in os.listdir(directory) if not f.startswith(".")])
     path = os.path.join(directory, f"part-{count:05d}.parquet")
-    pa.parquet.write_table(pa.table(columns), path + ".tmp", row_group_size=row_group)
-    os.replace(path + ".tmp", path)
+    with atomic_write(path) as f:
+        pa.parquet.write_table(pa.table(columns), f, row_group_size=row_group)
     return path

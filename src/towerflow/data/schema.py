@@ -22,9 +22,9 @@ import dataclasses
 import functools
 import json
 import math
-import os
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from towerflow._io import atomic_write
 from towerflow.errors import DataError
 
 TRANSFORMS = ("none", "log1p", "standardize")
@@ -286,10 +286,8 @@ class Schema:
             text = yaml.safe_dump(spec, sort_keys=False)
         else:
             text = json.dumps(spec, indent=2) + "\n"
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
+        with atomic_write(path, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
         return path
 
     def with_stats(self, stats: Mapping[str, Tuple[float, float]]) -> "Schema":
