@@ -11,6 +11,7 @@ position then also says which of them is being read.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -167,6 +168,8 @@ class FileStream:
         reader = threading.Thread(target=self._produce, args=(q, stop, self.span, self.epoch, self.taken),
                                   name="towerflow-file-reader", daemon=True)
         reader.start()
+        halt = _halting(stop, reader)
+        atexit.register(halt)  # a stream left unfinished at exit: its reader stops before the interpreter does
         try:
             while True:
                 item = q.get()
@@ -177,12 +180,8 @@ class FileStream:
                 self.bad_records += bad
                 yield batch.as_tuple() if self.as_tuples else batch
         finally:
-            stop.set()
-            while reader.is_alive():  # unblock a reader waiting for room
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    reader.join(0.05)
+            atexit.unregister(halt)
+            halt()
 
     def _go_to(self, where: Union[int, Resume]) -> None:
         where = where if isinstance(where, Resume) else Resume(int(where))
@@ -203,7 +202,8 @@ class FileStream:
                 for batch, new_taken, bad in self._epoch_batches(self._all_units[w::n], w, epoch, taken):
                     if stop.is_set():
                         return
-                    q.put((batch, span, epoch, new_taken, bad))
+                    if not _put(q, (batch, span, epoch, new_taken, bad), stop):
+                        return
                     handed += 1
                 if not handed and taken == 0 and span >= len(spans):
                     raise DataError(f"worker {self.worker} of {self.num_workers} found no records in its "
@@ -216,7 +216,7 @@ class FileStream:
                 else:
                     epoch, taken = epoch + 1, 0
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
-            q.put(e)
+            _put(q, e, stop)
 
     def _epoch_batches(self, units: Sequence[file_units.Unit], worker: int, epoch: int,
                        taken: int) -> Iterator[Tuple[Batch, int, int]]:
@@ -293,3 +293,23 @@ def _cut(chunks: List[Features], n: int) -> Tuple[Features, List[Features], int]
     joined = Features.cat(chunks)
     left = len(joined) - n
     return joined.slice(0, n), ([joined.slice(n, len(joined))] if left else []), left
+
+
+def _put(q: "queue.Queue", item, stop: threading.Event) -> bool:
+    """Put `item` once there is room; False when the stream was stopped first (nobody will take it)."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _halting(stop: threading.Event, reader: threading.Thread) -> Callable[[], None]:
+    """Stop the reader and wait for it: a daemon thread still inside Arrow's or torch's C++ code when the
+    interpreter finalizes aborts the whole process ("terminate called without an active exception")."""
+    def halt() -> None:
+        stop.set()
+        reader.join(30)
+    return halt

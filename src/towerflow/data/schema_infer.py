@@ -14,6 +14,7 @@ from typing import Dict, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from towerflow.data.csv_readers import csv_reader
 from towerflow.data.schema import Categorical, CategoricalList, Dense, Schema, TextLayout
 from towerflow.errors import DataError
 
@@ -96,12 +97,8 @@ def _arrow_schema(path: str, fmt: str, delimiter: Optional[str], names: Optional
     sep = TextLayout(delimiter).delimiter_for(path)
     read = pa.csv.ReadOptions(block_size=1 << 20, use_threads=False, column_names=list(names) if names else None)
     try:
-        reader = pa.csv.open_csv(text_files.open_text(path), read_options=read, parse_options=pa.csv.ParseOptions(
-            delimiter=sep, invalid_row_handler=lambda row: "skip"))
-        try:
+        with csv_reader(text_files.open_text(path), read, sep, lambda row: "skip") as reader:
             return reader.schema
-        finally:
-            reader.close()
     except pa.ArrowInvalid as e:
         raise DataError(f"{path}: cannot infer its columns ({str(e).splitlines()[0]}); give names= for a file "
                         "without a header") from None

@@ -18,11 +18,11 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from towerflow.data.csv_readers import csv_reader
 from towerflow.errors import DataError
 
 TEXT_BLOCK = 1 << 20  # bytes of text per parsed block: bounds a text reader's memory
 _GZIP_MAGIC = b"\x1f\x8b"
-
 
 def open_text(path: str):
     """The file's bytes, decompressed when it is gzip'd (by its first bytes, whatever its name)."""
@@ -39,12 +39,11 @@ def header_names(path: str, delimiter: str) -> List[str]:
     import pyarrow.csv  # noqa: F401
 
     try:
-        reader = pa.csv.open_csv(open_text(path), read_options=pa.csv.ReadOptions(block_size=1 << 16, use_threads=False),
-                                 parse_options=pa.csv.ParseOptions(delimiter=delimiter,
-                                                                   invalid_row_handler=lambda row: "skip"))
+        with csv_reader(open_text(path), pa.csv.ReadOptions(block_size=1 << 16, use_threads=False), delimiter,
+                        lambda row: "skip") as reader:
+            return list(reader.schema.names)
     except pa.ArrowInvalid as e:
         raise DataError(f"{path}: cannot read a header line ({str(e).splitlines()[0]})") from None
-    return list(reader.schema.names)
 
 
 def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, include: Sequence[str], skip: int = 0,
@@ -61,13 +60,11 @@ def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, inc
         handled.append((row.number, row.text, row.actual_columns))
         return "skip"
 
-    parse = pa.csv.ParseOptions(delimiter=delimiter, invalid_row_handler=handler, ignore_empty_lines=False)
     convert = pa.csv.ConvertOptions(column_types={n: pa.string() for n in include}, include_columns=list(include),
                                     strings_can_be_null=True)
     read = pa.csv.ReadOptions(column_names=list(names), skip_rows=1 if header else 0, block_size=TEXT_BLOCK,
                               use_threads=False)
     line = 2 if header else 1  # the line of the next block's first record
-    reader = None
 
     def block(batch, last: bool):
         """The batch with the handled lines among its own (the reader parses ahead: some are the next block's)."""
@@ -90,30 +87,27 @@ def read_text(path: str, names: Sequence[str], header: bool, delimiter: str, inc
         return out
 
     try:
-        reader = pa.csv.open_csv(open_text(path), read_options=read, parse_options=parse, convert_options=convert)
-        batches = iter(reader)
-        while True:
-            batch = next(batches, None)
-            last = batch is None
-            if last:
-                if not handled:
-                    break
-                batch = pa.RecordBatch.from_pylist([], schema=reader.schema)  # short lines after the last record
-            batch, lines, bad = block(batch, last)
-            batch, lines = _drop_blank(batch, lines, include[0] if include else None)
-            if skip >= batch.num_rows:
-                skip -= batch.num_rows
-                if bad:
-                    yield batch.slice(0, 0), bad, lines[:0]
-                continue
-            yield batch.slice(skip), bad, lines[skip:]
-            skip = 0
+        with csv_reader(open_text(path), read, delimiter, handler, convert, ignore_empty_lines=False) as reader:
+            batches = iter(reader)
+            while True:
+                batch = next(batches, None)
+                last = batch is None
+                if last:
+                    if not handled:
+                        break
+                    batch = pa.RecordBatch.from_pylist([], schema=reader.schema)  # short lines after the last one
+                batch, lines, bad = block(batch, last)
+                batch, lines = _drop_blank(batch, lines, include[0] if include else None)
+                if skip >= batch.num_rows:
+                    skip -= batch.num_rows
+                    if bad:
+                        yield batch.slice(0, 0), bad, lines[:0]
+                    continue
+                yield batch.slice(skip), bad, lines[skip:]
+                skip = 0
     except pa.ArrowInvalid as e:
         raise DataError(f"{path}: {str(e).splitlines()[0]} (expected {expected} fields separated by "
                         f"{delimiter!r})") from None
-    finally:
-        if reader is not None:
-            reader.close()
 
 
 def _mend(batch, handled, first_line: int, path: str, expected: int, names, sep: str, convert, on_bad_record):
