@@ -9,28 +9,15 @@ import pytest
 import torch
 
 import towerflow
-from towerflow import taskenv
 from towerflow.devices import logical
 from towerflow.placement import mode, scope
 
 
 def _reset() -> None:
-    taskenv.forget()
     logical._in_use = False
+    logical._local = None
     towerflow.configure(towerflow.Config())
     towerflow.placement_log(clear=True)
-
-
-@pytest.fixture
-def monkeypatch(monkeypatch):
-    """A test that changes the environment changes this process's task context: it is resolved again."""
-    for name in ("setenv", "delenv"):
-        def changed(*args, _original=getattr(monkeypatch, name), **kwargs):
-            _original(*args, **kwargs)
-            taskenv.forget()
-        setattr(monkeypatch, name, changed)
-    yield monkeypatch
-    taskenv.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -22,3 +22,20 @@ def test_configuring_twice_keeps_one_handler_and_the_root_logger_alone():
     _log.configure("launcher")
     handlers = [h for h in logging.getLogger("towerflow").handlers if isinstance(h, logging.StreamHandler)]
     assert len(handlers) == 1 and logging.getLogger().handlers == root
+
+
+def test_a_user_who_configured_logging_sees_each_line_once_in_their_format(capsys):
+    import sys
+
+    _log.configure("/job:worker/task:3")
+    mine = logging.StreamHandler(sys.stderr)
+    mine.setFormatter(logging.Formatter("MINE %(name)s: %(message)s"))
+    logging.getLogger().addHandler(mine)
+    try:
+        _log.get("session").warning("went on")
+    finally:
+        logging.getLogger().removeHandler(mine)
+    _log.get("session").warning("and on")
+    err = capsys.readouterr().err
+    assert err.count("went on") == 1 and "MINE towerflow.session: went on" in err
+    assert "towerflow: /job:worker/task:3: and on\n" in err  # without theirs, towerflow's own handler again

@@ -15,18 +15,18 @@ from towerflow.cluster.spec import ClusterSpec
 DOCS = pathlib.Path(taskenv.__file__).parent.parent.parent / "docs" / "architecture.md"
 
 
-def test_a_server_s_task_is_this_process_s_from_then_on_and_is_not_written_back(monkeypatch):
-    monkeypatch.setenv("TOWERFLOW_JOB_NAME", "worker")
-    monkeypatch.setenv("TOWERFLOW_TASK_INDEX", "2")
-    assert (taskenv.current().identity.job_name, taskenv.current().identity.task_index) == ("worker", 2)
-    taskenv.become_task("ps", 1)
-    assert (taskenv.current().identity.job_name, taskenv.current().identity.task_index) == ("ps", 1)
-    assert (taskenv.resolve().identity.job_name, taskenv.resolve().identity.task_index) == ("ps", 1)  # an entry point later keeps it
+def test_a_server_s_task_names_this_process_s_devices_from_then_on_and_is_not_written_back(monkeypatch):
     import os
 
+    from towerflow.devices import logical
+
+    monkeypatch.setenv("TOWERFLOW_JOB_NAME", "worker")
+    monkeypatch.setenv("TOWERFLOW_TASK_INDEX", "2")
+    assert logical.local_task().to_string() == "/job:worker/replica:0/task:2"
+    logical.set_local_task("ps", 1)  # what a Server does when it starts
+    assert logical.local_task().to_string() == "/job:ps/replica:0/task:1"
     assert (os.environ["TOWERFLOW_JOB_NAME"], os.environ["TOWERFLOW_TASK_INDEX"]) == ("worker", "2")
-    taskenv.forget()  # the launcher adopted another environment: it wins
-    assert taskenv.current().identity.job_name == "worker"
+    assert taskenv.from_environment().identity.job_name == "worker"  # what the launcher said stays as it said
 
 
 def test_what_the_launcher_writes_reads_back_as_one_task_env():
@@ -116,7 +116,7 @@ def test_the_scheduler_variables_are_captured_for_the_resolvers():
     assert set(captured) == set(env) - {"HOME", "SLURMX"} and list(captured) == sorted(captured)
 
 
-def test_the_task_context_is_resolved_once_and_shared_by_every_module(monkeypatch):
+def test_placing_ops_does_not_read_the_environment_again_for_each_op(monkeypatch):
     import torch
 
     import towerflow
@@ -126,23 +126,80 @@ def test_the_task_context_is_resolved_once_and_shared_by_every_module(monkeypatc
     reads = []
     real_read = taskenv.read
     monkeypatch.setattr(taskenv, "read", lambda env: reads.append(1) or real_read(env))
-    first = taskenv.current()
-    for _ in range(3):
+    with towerflow.device("/cpu:0"):
+        torch.ones(2) + 1
+    first = len(reads)
+    for _ in range(20):
         with towerflow.device("/cpu:0"):
             torch.ones(2) + 1
     assert logical.local_task().to_string() == "/job:worker/replica:0/task:1"
-    assert taskenv.current() is first and len(reads) == 1
+    assert len(reads) == first + 1  # the placements were cached: only the local_task() asked above read it
 
 
 def test_a_script_may_set_tf_config_itself_before_it_starts_its_task(monkeypatch):
     """As in TensorFlow's guides: import, set TF_CONFIG, then build the strategy or the server."""
     import os
 
+    import towerflow
+    from towerflow.strategies.replica_env import read_env
+
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    assert not taskenv.current().identity.cluster  # something asked before the script set it
-    # the script's own assignment (setitem: not the fixture's setenv, which resolves again by itself)
-    monkeypatch.setitem(os.environ, "TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]},
+    assert not taskenv.from_environment().identity.cluster  # something asked before the script set it
+    monkeypatch.setitem(os.environ, "TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"], "ps": ["b:2"]},
                                                              "task": {"type": "worker", "index": 0}}))
-    assert not taskenv.current().identity.cluster  # no module re-reads the environment on its own
-    assert taskenv.resolve().identity.cluster == {"worker": ["a:1"]}  # what an entry point does first
-    assert taskenv.current().identity.cluster == {"worker": ["a:1"]}
+    assert towerflow.ClusterSpec.from_tf_config().as_dict() == {"worker": ["a:1"], "ps": ["b:2"]}
+    assert read_env(taskenv.from_environment()).has_ps  # what strategy_from_env() reads when it is called
+
+
+def test_no_module_keeps_a_task_context_of_its_own(monkeypatch):
+    """The context is built by an entry point and passed down: after a strategy, a session, placements and
+    diagnostics have run, no module of towerflow holds one (a changed environment is never shadowed)."""
+    import sys
+
+    import torch
+
+    import towerflow
+    from towerflow import _log
+
+    monkeypatch.setenv("TOWERFLOW_LOGDIR", "")
+    strategy = towerflow.strategy_from_env()
+    model, optimizer = strategy.setup(torch.nn.Linear(2, 1), torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+    with towerflow.device("/cpu:0"):
+        model(torch.ones(1, 2))
+    _log.get("test").info("said")
+
+    def holds_context(value, depth=0):
+        if isinstance(value, taskenv.TaskContext):
+            return True
+        if depth < 2 and isinstance(value, (list, tuple, set, frozenset)):
+            return any(holds_context(v, depth + 1) for v in value)
+        if depth < 2 and isinstance(value, dict):
+            return any(holds_context(v, depth + 1) for v in value.values())
+        return False
+
+    keeping = [f"{name}.{attr}" for name, module in list(sys.modules.items()) if name.startswith("towerflow")
+               for attr, value in list(vars(module).items()) if holds_context(value)]
+    assert strategy.context.identity.job_name is None and keeping == []
+
+
+def test_a_launched_task_parses_its_environment_once(monkeypatch):
+    """strategy_from_env() reads it; the strategy, its devices, the placements, the session and the diagnostics
+    are handed what it read."""
+    import torch
+
+    import towerflow
+    from towerflow import _log
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 0}}))
+    reads = []
+    real_read = taskenv.from_environment
+    monkeypatch.setattr(taskenv, "from_environment", lambda: reads.append(1) or real_read())
+    strategy = towerflow.strategy_from_env()
+    model, optimizer = strategy.setup(torch.nn.Linear(2, 1), torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+    with towerflow.MonitoredTrainingSession(model, optimizer, strategy=strategy, progress=False,
+                                            hooks=[towerflow.StopAtStepHook(last_step=3)]) as session:
+        while not session.should_stop():
+            with towerflow.device("/job:worker/task:0/cpu:0"):
+                session.run(lambda: model(torch.ones(4, 2)).sum())
+    _log.get("test").info("said")
+    assert strategy.context.identity.job_name == "worker" and len(reads) == 1

@@ -4,7 +4,8 @@ Every area logs through `logging.getLogger("towerflow.<area>")`, most through `g
 records name the task that says them. `configure` gives the `towerflow` logger one handler, to the
 stderr of the moment, in `FORMAT`: once, where a process starts (the launcher, a task's Server), or
 on first use in a script that started neither. It leaves the root logger and any handler a user added
-alone: records still propagate to them. A record without a task of its own is named after the task
+alone: records still propagate to them, and when a handler of the root logger already writes to the
+terminal (`logging.basicConfig()`), towerflow's own stands aside so that each line shows once. A record without a task of its own is named after the task
 the process was configured with, or else the one its environment names, read once on first need.
 INFO is what tasks say about joins and recovery, WARNING what they went on without.
 
@@ -59,7 +60,7 @@ class _TaskName(logging.Filter):
         self.task = task
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.startswith(_OWN_FORMAT):
+        if record.name.startswith(_OWN_FORMAT) or _terminal_taken_by_root():
             return False
         if not getattr(record, "task", None):
             if self.task is None:
@@ -86,9 +87,21 @@ class _TaskHandler(logging.StreamHandler):
         pass
 
 
+def _terminal_taken_by_root() -> bool:
+    """Whether a handler the user put on the root logger (logging.basicConfig) writes to this terminal: the
+    record reaches it by propagation, so a line is printed once, in the user's format."""
+    terminal = (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
+    return any(isinstance(h, logging.StreamHandler) and not isinstance(h, _TaskHandler)
+               and getattr(h, "stream", None) in terminal for h in logging.getLogger().handlers)
+
+
 def _environment_task() -> str:
-    """The task this process's environment names ('/job:localhost/task:0' outside a cluster)."""
+    """The task this process's environment names ('/job:localhost/task:0' outside a cluster, or when a
+    variable is bad: its own error says so where it is read for real)."""
     from towerflow import taskenv
 
-    env = taskenv.current()
-    return f"/job:{env.job_name or 'localhost'}/task:{env.task_index or 0}"
+    try:
+        task = taskenv.from_environment().identity
+    except taskenv.TaskEnvironmentError:
+        return "/job:localhost/task:0"
+    return f"/job:{task.job_name or 'localhost'}/task:{task.task_index or 0}"

@@ -1,10 +1,10 @@
 """The task environment contract, read in one place.
 
 `towerflow launch` (launch/environment.py) writes these variables for each task; torchrun, a
-scheduler or a user may set some of them too. Every other module asks `current()` (or
-`read(mapping)` in tests) for a parsed, validated `TaskContext` and never reads `os.environ`
-itself, so there is one TF_CONFIG parser, one chief rule, one set of defaults and one set of
-error messages. docs/architecture.md, "The environment contract", lists the same variables.
+scheduler or a user may set some of them too. An entry point parses them once (`from_environment()`,
+or `read(mapping)`) into a validated `TaskContext` and hands it down; no module keeps one of its own
+or reads `os.environ` itself, so there is one TF_CONFIG parser, one chief rule, one set of defaults
+and one set of error messages. docs/architecture.md, "The environment contract", lists the same variables.
 
 This module sits at the bottom of the layers (it imports only `errors` and the etcd URL grammar), so
 the devices layer can name `/job:x/task:y` without knowing about clusters.
@@ -202,35 +202,11 @@ def is_chief_task(job: str, index: int, jobs) -> bool:
     return job in ("worker", "localhost") and index == 0 and "chief" not in jobs
 
 
-_resolved: Optional[TaskContext] = None
-_became: Optional[Tuple[str, int]] = None  # the task a Server made this process, over what the environment says
-
-
-def resolve() -> TaskContext:
-    """Read the environment now and make it this process's task context. The entry points call it (a
-    Server, `strategy_from_env`, `python -m towerflow.ps.serve`, `towerflow launch`, `towerflow cluster`),
-    so a script may set TF_CONFIG itself before it starts its task, as TensorFlow's guides do."""
-    global _resolved
-    task = read(os.environ)
-    if _became is not None:
-        task = task.as_task(*_became)
-    _resolved = task
-    return _resolved
-
-
-def current() -> TaskContext:
-    """This process's task context: the one its entry point resolved (resolved here on first use when
-    none has run), the same object for every module after. `become_task` and the launcher's `adopt`
-    change it; `forget()` makes the next call read again."""
-    return _resolved if _resolved is not None else resolve()
-
-
-def forget() -> None:
-    """Resolve again on the next `current()`, from the environment alone: after the launcher adopted a
-    task's environment, or a test changed it."""
-    global _resolved, _became
-    _resolved = None
-    _became = None
+def from_environment() -> TaskContext:
+    """This process's environment, parsed now. An entry point (a Server, `strategy_from_env`, `python -m
+    towerflow.ps.serve`, `towerflow launch`, `towerflow cluster`) calls it once and passes the context down;
+    a script may set TF_CONFIG itself before it starts its task, as TensorFlow's guides do."""
+    return read(os.environ)
 
 
 def read(env: Mapping[str, str]) -> TaskContext:
@@ -327,14 +303,6 @@ def parse_tf_config(text: str, required: bool = True) -> Tuple[Dict[str, List[st
         else:
             raise TaskEnvironmentError(f"TF_CONFIG task index {index!r} is not a non-negative integer")
     return cluster, task.get("type"), index
-
-
-def become_task(job: str, index: int) -> None:
-    """Make this process `/job:<job>/task:<index>` (a Server does, on start), whatever its environment says;
-    later resolutions keep it. Only the launcher writes the environment, for the processes it starts."""
-    global _resolved, _became
-    _became = (job, index)
-    _resolved = current().as_task(job, index)
 
 
 # ---- value parsers: each error names the variable, the bad value and what was expected

@@ -171,7 +171,6 @@ def test_a_launch_with_store_meets_in_etcd_and_the_launcher_hosts_nothing(etcd, 
 
 def test_a_task_whose_etcd_is_unreachable_fails_within_its_join_timeout(free_ports, monkeypatch):
     import towerflow
-    from towerflow import taskenv
     from towerflow.devices.logical import set_local_task
     from towerflow.errors import ClusterJoinError
 
@@ -180,7 +179,6 @@ def test_a_task_whose_etcd_is_unreachable_fails_within_its_join_timeout(free_por
         monkeypatch.delenv(name)
     store_port, task_port = free_ports(2)
     monkeypatch.setenv("TOWERFLOW_STORE", f"etcd://127.0.0.1:{store_port}")
-    taskenv.forget()
     start = time.monotonic()
     with pytest.raises(ClusterJoinError) as e:
         towerflow.Server({"worker": [f"127.0.0.1:{task_port}"]}, "worker", 0, join_timeout=2)

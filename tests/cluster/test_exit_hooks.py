@@ -24,7 +24,7 @@ def leave(monkeypatch):
     record = types.SimpleNamespace(failure=None)
     monkeypatch.setattr(exit_hooks.atexit, "register", hooks.append)
     monkeypatch.setattr(exit_hooks, "install", lambda: None)
-    monkeypatch.setattr(exit_hooks._failures, "attach", lambda store: None)
+    monkeypatch.setattr(exit_hooks._failures, "attach", lambda store, task: None)
     monkeypatch.setattr(exit_hooks._failures, "recorded", lambda: record.failure)
 
     def exit_now(code):

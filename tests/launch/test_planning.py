@@ -60,9 +60,9 @@ def _two_host_cluster(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("setting, said, not_said", [
-    (None, "towerflow launch: wire security: CURVE (encrypted", "PLAIN"),
-    ("encrypt", "towerflow launch: wire security: CURVE (encrypted", "PLAIN"),
-    ("authenticate", "towerflow launch: wire security: PLAIN (TOWERFLOW_WIRE_SECURITY=authenticate", "CURVE"),
+    (None, "towerflow: launcher: wire security: CURVE (encrypted", "PLAIN"),
+    ("encrypt", "towerflow: launcher: wire security: CURVE (encrypted", "PLAIN"),
+    ("authenticate", "towerflow: launcher: wire security: PLAIN (TOWERFLOW_WIRE_SECURITY=authenticate", "CURVE"),
 ])
 def test_a_cluster_across_hosts_is_told_its_wire_security_once(launch_script, tmp_path, monkeypatch, capsys, setting,
                                                               said, not_said):

@@ -175,8 +175,9 @@ def test_a_rank_that_never_comes_is_named(free_ports):
 
 
 def test_strategy_from_env_places_a_plain_srun_task(monkeypatch):
-    """`TOWERFLOW_PS_TASKS=1 srun -n 3 python SCRIPT`, rank 1: the process takes the environment the launcher
-    would have given worker:0 (the strategy itself is forced to one_device: nothing starts here)."""
+    """`TOWERFLOW_PS_TASKS=1 srun -n 3 python SCRIPT`, rank 1: the strategy is handed the context the launcher
+    would have given worker:0, and the process's own environment stays as the scheduler set it (the strategy
+    itself is forced to one_device: nothing starts here)."""
     import os
 
     from towerflow.strategies.environment import strategy_from_env
@@ -186,9 +187,10 @@ def test_strategy_from_env_places_a_plain_srun_task(monkeypatch):
     env.update({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3",
                 "SLURM_STEP_NODELIST": host, "SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_LOCALID": "1",
                 "TOWERFLOW_PS_TASKS": "1"})
+    before = dict(env)
     monkeypatch.setattr(os, "environ", env)
-    strategy_from_env("one_device")
-    tf = json.loads(env["TF_CONFIG"])
-    assert tf["task"] == {"type": "worker", "index": 0} and len(tf["cluster"]["ps"]) == 1
-    assert (env["TOWERFLOW_JOB_NAME"], env["RANK"], env["WORLD_SIZE"]) == ("worker", "0", "2")
-    assert "TOWERFLOW_PS_TASKS" not in env
+    task = strategy_from_env("one_device").context
+    assert (task.identity.job_name, task.identity.task_index, task.identity.rank, task.identity.world_size) == ("worker", 0, 0, 2)
+    assert len(task.identity.cluster["ps"]) == 1 and len(task.identity.cluster["worker"]) == 2
+    assert "TOWERFLOW_PS_TASKS" not in task.scheduler_env  # the roles were applied: not asked again downstream
+    assert env == before

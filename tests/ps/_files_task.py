@@ -16,7 +16,6 @@ import time
 from _file_worker import setup, train_logged
 
 import towerflow
-from towerflow import taskenv
 
 folder, data, steps, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 logdir = sys.argv[5] if len(sys.argv) > 5 else None
@@ -30,7 +29,7 @@ def lines(path: str) -> int:
 
 
 strategy = towerflow.strategy_from_env()
-worker, restart = strategy.replica_id, taskenv.current().identity.restart_count
+worker, restart = strategy.replica_id, strategy.context.identity.restart_count
 model, optimizer, stream = setup(strategy, data)
 log = open(os.path.join(folder, f"ids-{worker}-{restart}.txt"), "a")
 trained = 0

@@ -236,4 +236,4 @@ def test_launch_hands_local_steps_to_every_task_and_wants_ps_tasks(monkeypatch):
         pass_ps_mode(args, has_ps=False)
     monkeypatch.setenv(taskenv.ENV_PS_LOCAL_STEPS, "")  # restored after the test, as is what the launch exports
     pass_ps_mode(args, has_ps=True)
-    assert taskenv.current().ps.local_steps == 4 and taskenv.current().ps.mode is None
+    assert taskenv.from_environment().ps.local_steps == 4 and taskenv.from_environment().ps.mode is None

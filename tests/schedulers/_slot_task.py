@@ -15,7 +15,6 @@ START = time.monotonic()
 import torch
 
 import towerflow
-from towerflow import taskenv
 
 IMPORTED = time.monotonic() - START
 
@@ -24,7 +23,7 @@ def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     strategy = towerflow.strategy_from_env()
     placed = time.monotonic() - START
-    task = taskenv.current()
+    task = strategy.context
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     model, optimizer = strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.05))

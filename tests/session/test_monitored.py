@@ -105,16 +105,16 @@ def test_metrics_records_and_checkpoint_events(tmp_path):
 
 
 def test_worker_zero_is_chief_without_a_chief_job(monkeypatch):
-    from towerflow.session.monitored import default_is_chief
+    from towerflow.session.monitored import task_context
 
     monkeypatch.setenv("TOWERFLOW_JOB_NAME", "worker")
     monkeypatch.setenv("TOWERFLOW_TASK_INDEX", "0")
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]}}')
-    assert default_is_chief()
+    assert task_context().is_chief
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["d:4"], "worker": ["a:1", "b:2"]}}')
-    assert not default_is_chief()
+    assert not task_context().is_chief
     monkeypatch.setenv("TOWERFLOW_JOB_NAME", "chief")
-    assert default_is_chief()
+    assert task_context().is_chief
 
 
 def test_summaries_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import json
 import pytest
 
 import towerflow
+from towerflow import taskenv
 from towerflow.errors import StrategyError
 from towerflow.strategies.environment import _registry, choose_strategy, read_env
 
@@ -12,7 +13,7 @@ NAMES = _registry()
 
 
 def _choose(env, name=None):
-    return choose_strategy(read_env(env), name, NAMES)
+    return choose_strategy(read_env(taskenv.read(env)), name, NAMES)
 
 
 def test_plain_process_is_one_device():
@@ -25,20 +26,20 @@ def test_replicas_on_one_host_are_mirrored_and_across_hosts_multi_worker():
     assert _choose({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == "mirrored"
     assert _choose({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == "multi_worker_mirrored"
     tf_config = json.dumps({"cluster": {"worker": ["localhost:2222", "localhost:2223"]}, "task": {"type": "worker", "index": 1}})
-    env = read_env({"RANK": "1", "WORLD_SIZE": "2", "TF_CONFIG": tf_config})
+    env = read_env(taskenv.read({"RANK": "1", "WORLD_SIZE": "2", "TF_CONFIG": tf_config}))
     assert (env.task_type, env.task_index, env.local_world_size, env.local_rank) == ("worker", 1, 2, 1)
     assert choose_strategy(env, None, NAMES) == "multi_worker_mirrored"
 
 
 def test_tf_config_hosts_give_the_local_replica_count():
     tf_config = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["a:2", "b:1"]}, "task": {"type": "worker", "index": 1}})
-    env = read_env({"RANK": "2", "WORLD_SIZE": "3", "TF_CONFIG": tf_config})
+    env = read_env(taskenv.read({"RANK": "2", "WORLD_SIZE": "3", "TF_CONFIG": tf_config}))
     assert env.local_world_size == 1 and env.is_multi_host
 
 
 def test_a_ps_job_selects_the_registered_parameter_server_strategy():
     tf_config = json.dumps({"cluster": {"ps": ["a:1"], "worker": ["a:2"]}, "task": {"type": "worker", "index": 0}})
-    env = read_env({"TF_CONFIG": tf_config})
+    env = read_env(taskenv.read({"TF_CONFIG": tf_config}))
     builtin = {k: v for k, v in NAMES.items() if k != "parameter_server"}
     with pytest.raises(StrategyError, match="parameter-server"):
         choose_strategy(env, None, builtin)
@@ -49,11 +50,11 @@ def test_unknown_names_and_bad_values_say_what_to_do():
     with pytest.raises(StrategyError, match="Did you mean 'mirrored'"):
         _choose({}, "mirored")
     with pytest.raises(StrategyError, match="WORLD_SIZE='two'"):
-        read_env({"WORLD_SIZE": "two"})
+        read_env(taskenv.read({"WORLD_SIZE": "two"}))
     with pytest.raises(StrategyError, match="RANK < WORLD_SIZE"):
-        read_env({"RANK": "2", "WORLD_SIZE": "2"})
+        read_env(taskenv.read({"RANK": "2", "WORLD_SIZE": "2"}))
     with pytest.raises(StrategyError, match="TF_CONFIG"):
-        read_env({"TF_CONFIG": "{nope"})
+        read_env(taskenv.read({"TF_CONFIG": "{nope"}))
 
 
 def test_env_override_and_assigned_device(monkeypatch):

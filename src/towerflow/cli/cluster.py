@@ -34,7 +34,7 @@ def run(args) -> int:
     from towerflow.errors import TowerflowError
 
     try:
-        env = taskenv.resolve().scheduler_env
+        env = taskenv.from_environment().scheduler_env
         roles = Roles.from_env(env)
         given = {k: v for k, v in (("ps", args.ps), ("chief", args.chief), ("evaluator", args.evaluator)) if v is not None}
         resolved = resolve(env, scheduler=args.scheduler, roles=dataclasses.replace(roles, **given))

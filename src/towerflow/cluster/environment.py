@@ -45,7 +45,7 @@ def read_task(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, s
                 "'--job_name worker --task_index 0'"
             )
         return _checked(TaskInfo(spec, job, index, "flags"))
-    task = _te.read(env) if env is not None else context if context is not None else _te.current()
+    task = _te.read(env) if env is not None else context if context is not None else _te.from_environment()
     if task.identity.cluster:
         if not task.has_task:
             raise ClusterSpecError(

@@ -49,11 +49,11 @@ def _hook(exc_type, exc, tb):
         os._exit(1)
 
 
-def leave_at_exit(store, abort: Callable[[str], None], join: Callable[[], None]) -> None:
+def leave_at_exit(store, abort: Callable[[str], None], join: Callable[[], None], task=None) -> None:
     """A started Server's exit hooks: failures go to its `store`, and at exit the task leaves the
     cluster with `abort` when a failure is recorded (an uncaught exception records one, see
     `install`), so that it does not wait on the others, then ends at once; else with `join`."""
-    _failures.attach(store)
+    _failures.attach(store, task)
     install()
 
     def leave() -> None:

@@ -44,8 +44,8 @@ _current_lock = threading.Lock()
 
 
 def current() -> Optional["Server"]:
-    """The started server of this process, or None."""
-    return _current
+    """The started server of this process (None once it stopped)."""
+    return _current if _current is not None and not _current._stopped else None
 
 
 class Server:
@@ -71,7 +71,7 @@ class Server:
         source = "arguments"
         # this task's settings (timeouts, restarts, transports, the launcher's store): the entry point's context,
         # else built here from the environment
-        env = context if context is not None else _taskenv.resolve()
+        env = context if context is not None else _taskenv.from_environment()
         if cluster is None:
             info = _env.read_task(list(sys.argv[1:]) if argv is None else argv, context=env)
             cluster, job_name, task_index, source = info.cluster, job_name or info.job_name, (
@@ -187,7 +187,7 @@ class Server:
             self._close(graceful=False)
             raise
         self._started = True
-        _exit_hooks.leave_at_exit(rv.store, abort=self.abort, join=self.join)
+        _exit_hooks.leave_at_exit(rv.store, abort=self.abort, join=self.join, task=self.context)
         if self.incarnation > 0:
             me = call_name(self.job_name, self.task_index, self.incarnation)
             _log.get("cluster", self.name).info(f"rejoined the cluster (restart {self.incarnation}) as {me}, in place of "

@@ -181,7 +181,7 @@ class ClusterSpec:
     def from_tf_config(cls, tf_config: Optional[str] = None) -> "ClusterSpec":
         """The "cluster" part of TF_CONFIG (the environment variable when no text is given)."""
         if tf_config is None:
-            return cls(_taskenv.current().identity.cluster or parse_tf_config("")[0])
+            return cls(_taskenv.from_environment().identity.cluster or parse_tf_config("")[0])
         if not tf_config.strip():
             parse_tf_config(tf_config)  # raises: "TF_CONFIG is empty"
         return cls(_taskenv.parse_tf_config(tf_config, required=False)[0])  # '{}' or no "cluster": empty, as in TF
@@ -195,7 +195,7 @@ class ClusterSpec:
         the other workers do not hold their named address when it is not on their host.
         """
         if not isinstance(env, _taskenv.TaskContext):
-            env = _taskenv.current() if env is None else _taskenv.read(env)
+            env = _taskenv.from_environment() if env is None else _taskenv.read(env)
         missing = [name for name, value in (("WORLD_SIZE", env.identity.world_size), ("MASTER_ADDR", env.identity.master_addr),
                                             ("MASTER_PORT", env.identity.master_port)) if value is None]
         if missing:

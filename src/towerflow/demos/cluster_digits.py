@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None, help="folder with MNIST-t10k IDX files (default: scikit-learn digits)")
     parser.add_argument("--steps", type=int, default=1500, help="global steps (both workers' pushes count)")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=32, help="per worker")
-    parser.add_argument("--logdir", default=_taskenv.current().tuning.logdir or "runs/demo")
+    parser.add_argument("--logdir", default=_taskenv.from_environment().tuning.logdir or "runs/demo")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 

@@ -21,19 +21,23 @@ from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ConfigError, did_you_mean
 
 def local_task() -> DeviceSpec:
-    """This process's place in the cluster (from the task environment), `/job:localhost/replica:0/task:0` outside one."""
-    task = _taskenv.current()
-    return DeviceSpec(job=task.identity.job_name or "localhost", replica=0, task=task.identity.task_index or 0)
+    """This process's place in the cluster: the task a Server made it, else the one its environment names
+    (the launcher's), `/job:localhost/replica:0/task:0` outside one."""
+    if _local is not None:
+        return _local
+    task = _taskenv.from_environment().identity
+    return DeviceSpec(job=task.job_name or "localhost", replica=0, task=task.task_index or 0)
 
 
 _identity_listeners: List[Callable[[], None]] = []
 
 
 def set_local_task(job: str, task: int) -> None:
-    """Become `/job:<job>/task:<task>` (a Server calls this): device names and cached placements follow."""
-    global _table
-    _taskenv.become_task(job, task)
+    """Become `/job:<job>/task:<task>` (a Server calls this when it starts, as a TF server names its process's
+    devices): device names and cached placements follow."""
+    global _table, _local
     with _lock:
+        _local = DeviceSpec(job=job, replica=0, task=task)
         _table = None
     for listener in _identity_listeners:
         listener()
@@ -169,6 +173,7 @@ def _split(physical: List[_physical.PhysicalDevice], splits: Dict[str, list]) ->
 _lock = threading.Lock()
 _table: Optional[DeviceTable] = None
 _in_use = False  # set once a split device has been placed on; TF then refuses to re-split
+_local: Optional[DeviceSpec] = None  # the task a started Server made this process (set_local_task)
 
 
 _building = threading.local()

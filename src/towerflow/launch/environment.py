@@ -46,15 +46,6 @@ def inherited(drop: Iterable[str] = ()) -> Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def adopt(env: Mapping[str, str], drop: Iterable[str] = ()) -> None:
-    """Become a launched task: a process that resolved its own place from a scheduler (strategy_from_env
-    under a plain `srun python SCRIPT`) takes the environment the launcher would have given it."""
-    for name in drop:
-        os.environ.pop(name, None)
-    os.environ.update(env)
-    _te.forget()  # this process's task context is the adopted one from now on
-
-
 def become(env: Mapping[str, str]) -> None:
     """A task forked by the fork server (zygote.py): exactly `env`, nothing of the fork server's own left."""
     os.environ.clear()
@@ -112,13 +103,11 @@ def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], st
                         (_te.ENV_PS_REPLICAS, ps_replicas), (_te.ENV_PS_REPLICA_LAG, ps_replica_lag)):
         if value is not None:
             os.environ[name] = str(value)
-    _te.forget()
 
 
 def export_profile(start: int, steps: int) -> None:
     """--profile-steps START:COUNT: every task's MonitoredTrainingSession profiles that window of its steps."""
     os.environ[_te.ENV_PROFILE_FROM], os.environ[_te.ENV_PROFILE_STEPS] = str(start), str(steps)
-    _te.forget()
 
 
 def task_environment(

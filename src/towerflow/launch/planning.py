@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import sys
 
-from towerflow import etcd_url, taskenv
+from towerflow import _log, etcd_url, taskenv
 from towerflow.cluster.environment import scheduled_slot
 from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
@@ -121,7 +120,7 @@ def check_ps_replica_lag(config: LaunchConfig) -> None:
 
 def _scheduled_slot(config: LaunchConfig):
     """This slot's task when a scheduler started this launcher (its cluster gathered if need be); None: no scheduler."""
-    task = taskenv.resolve()
+    task = taskenv.from_environment()
     given = {k: v for k, v in (("ps", config.ps), ("chief", config.chief), ("evaluator", config.evaluator)) if v}
     return scheduled_slot(task, config.scheduler, dataclasses.replace(Roles.from_env(task.scheduler_env), **given),
                           check=lambda resolved: _no_task_counts(config, resolved))
@@ -158,13 +157,13 @@ def _say_about_hosts(cluster: ClusterSpec) -> None:
     hosts = {canonical_host(split_address(a, any_port=True)[0]) for a in cluster.addresses()}
     if len(hosts) < 2:  # one host (srun -n 3 on one node): its tasks authenticate, nothing to say
         return
-    print(f"towerflow launch: {WIRE_SECURITY_LINES[wire_security() or 'encrypt']}", file=sys.stderr)
+    log = _log.get("launch", "launcher")
+    log.info(WIRE_SECURITY_LINES[wire_security() or "encrypt"])
     if not has_token():
-        print(
-            f"towerflow launch: warning: no cluster token ({taskenv.ENV_CLUSTER_TOKEN} or "
-            f"{taskenv.ENV_CLUSTER_TOKEN_FILE}) for a cluster on other hosts; any process that reaches these ports can "
-            "join it and run code. Set the same token on every host (docs/cluster.md).",
-            file=sys.stderr,
+        log.warning(
+            f"no cluster token ({taskenv.ENV_CLUSTER_TOKEN} or {taskenv.ENV_CLUSTER_TOKEN_FILE}) for a cluster on other "
+            "hosts; any process that reaches these ports can join it and run code. Set the same token on every host "
+            "(docs/cluster.md)."
         )
 
 

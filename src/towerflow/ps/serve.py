@@ -19,11 +19,13 @@ import torch
 from towerflow.cluster.server import Server
 from towerflow.ps.server.endpoints import served_here
 from towerflow.ps.server.monitor import PSRecorder
+from towerflow.taskenv import TaskContext
 from towerflow.ps.server.optimizers import warm_up
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Serve this ps task's shards until every task of the cluster is done.
+def main(argv: Optional[Sequence[str]] = None, context: Optional[TaskContext] = None) -> None:
+    """Serve this ps task's shards until every task of the cluster is done. `context`: this task's, when
+    the entry point that runs it read it already (`strategy_from_env` on a scheduler's ps slot).
 
     `--import-path DIR` (the launcher passes the training script's folder) goes first on the
     import path, so functions a worker sends by reference to modules beside its script resolve here.
@@ -35,7 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             sys.exit("towerflow.ps.serve: --import-path needs a folder")
         sys.path.insert(0, argv[at + 1])
         del argv[at:at + 2]
-    server = Server(argv=argv)
+    server = Server(argv=argv, context=context)
     if server.job_name != "ps":
         sys.exit(f"towerflow.ps.serve: {server.name} is not a ps task; run the training script on it")
     task = server.context

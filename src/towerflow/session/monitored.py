@@ -25,9 +25,15 @@ from towerflow.session.hooks import CheckpointHook, LoggingHook, MetricsHook, Na
 from towerflow.session.profiling import ProfilerHook
 
 
-def default_is_chief() -> bool:
-    """TF's rule (`taskenv.is_chief_task`) for the task the environment names (a Server records its own there)."""
-    return _taskenv.current().is_chief
+def task_context(strategy: Any = None) -> _taskenv.TaskContext:
+    """The task a session runs in: its strategy's, else this process's running Server's (a script that
+    started one, as TF's guides do), else the one its environment names."""
+    if strategy is not None:
+        return strategy.context
+    from towerflow.cluster import server as _server
+
+    running = _server.current()
+    return running.context if running is not None else _taskenv.from_environment()
 
 
 class MonitoredTrainingSession:
@@ -56,10 +62,10 @@ class MonitoredTrainingSession:
         self.optimizer = optimizer
         self.strategy = strategy
         self.logdir = logdir
-        if is_chief is None:
-            is_chief = strategy.is_chief if strategy is not None else default_is_chief()
+        self.context = task_context(strategy)
+        if is_chief is None:  # TF's rule (`taskenv.is_chief_task`)
+            is_chief = strategy.is_chief if strategy is not None else self.context.is_chief
         self.is_chief = is_chief
-        self.context = strategy.context if strategy is not None else _taskenv.current()
         self.task = f"{self.context.identity.job_name or 'localhost'}:{self.context.identity.task_index or 0}"
         self.checkpoints = CheckpointManager(logdir, keep=keep_checkpoints) if logdir else None
         self.metrics: Optional[MetricsWriter] = None

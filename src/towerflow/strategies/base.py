@@ -25,6 +25,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from towerflow import taskenv as _taskenv
 from towerflow.data.file_regroup import Resume, StepPositions
+from towerflow.devices import logical as _logical
 from towerflow.data.loader import DistributedLoader
 from towerflow.data.sharding import ShardBatch, ShardSampler
 from towerflow.errors import DataError, StrategyError
@@ -35,6 +36,15 @@ if TYPE_CHECKING:
 
 MIXED_PRECISION = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 VARIABLES_ON = ("device", "cpu")
+
+
+def task_context(context: Optional[_taskenv.TaskContext]) -> _taskenv.TaskContext:
+    """A strategy's task: `context` (its entry point's), else the environment's, read now. As a TF strategy
+    starts its task's server, this process's devices are named after the task from then on."""
+    context = context if context is not None else _taskenv.from_environment()
+    if context.has_task:
+        _logical.set_local_task(context.identity.job_name, context.identity.task_index)
+    return context
 
 
 class GlobalStep:
@@ -87,6 +97,7 @@ class Strategy:
         replica_id: int = 0,
         variables_on: str = "device",
         mixed_precision: Optional[str] = None,
+        context: Optional[_taskenv.TaskContext] = None,
     ):
         if variables_on not in VARIABLES_ON:
             raise StrategyError(f"variables_on={variables_on!r}: expected one of {VARIABLES_ON}")
@@ -94,7 +105,8 @@ class Strategy:
             raise StrategyError(
                 f"mixed_precision={mixed_precision!r}: expected one of {[k for k in MIXED_PRECISION if k]} or None"
             )
-        self.context = _taskenv.current()  # this task, as its entry point resolved it: what the loop helpers read
+        # this task, as its entry point read it (else its environment, now): what the loop helpers read
+        self.context = task_context(context)
         self.device = device
         self.device_name = device_name
         self.num_replicas_in_sync = num_replicas

@@ -7,6 +7,7 @@ the strategy that follows from it.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Dict, Optional
 
 from towerflow import taskenv as _taskenv
@@ -90,14 +91,22 @@ def strategy_from_env(name: Optional[str] = None, **options):
     that builds it directly keeps the choice of running `Server().join()` there.
     """
     strategies = _registry()
-    task = _place_from_scheduler(_taskenv.resolve())
+    task = _place_from_scheduler(_taskenv.from_environment())
     if task.identity.job_name == "ps" and task.identity.cluster and (name or task.tuning.strategy or "parameter_server") == "parameter_server":
-        _serve_and_exit()
-    env = read_env(None)
+        _serve_and_exit(task)
+    env = read_env(task)
     name = choose_strategy(env, name or task.tuning.strategy, strategies)
     if name == "one_device" and env.assigned_device and "device" not in options:
         options["device"] = env.assigned_device
-    return strategies[name](**options)
+    chosen = strategies[name]
+    if _takes_context(chosen):  # a registered strategy of a user's may read its environment itself
+        options.setdefault("context", task)
+    return chosen(**options)
+
+
+def _takes_context(cls) -> bool:
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return any(p.name == "context" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def _place_from_scheduler(task: "_taskenv.TaskContext") -> "_taskenv.TaskContext":
@@ -117,13 +126,14 @@ def _place_from_scheduler(task: "_taskenv.TaskContext") -> "_taskenv.TaskContext
     from towerflow.launch import environment as launch_env
     from towerflow.launch.scheduled import NOT_INHERITED, slot_environment
 
-    launch_env.adopt(slot_environment(resolved, logdir=task.tuning.logdir), drop=NOT_INHERITED)
-    return _taskenv.current()
+    # the context `towerflow launch` would have given it; its own environment stays as the scheduler set it
+    return _taskenv.read({**launch_env.inherited(drop=NOT_INHERITED),
+                          **slot_environment(resolved, logdir=task.tuning.logdir)})
 
 
-def _serve_and_exit() -> None:
+def _serve_and_exit(task: "_taskenv.TaskContext") -> None:
     """A ps task: serve its variables until every task is done, then end the process (docstring above)."""
     from towerflow.ps.serve import main
 
-    main([])
+    main([], context=task)
     raise SystemExit(0)

@@ -29,12 +29,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from towerflow import taskenv as _taskenv
 from towerflow.cluster import exit_hooks as _exit_hooks
 from towerflow.cluster.membership import replica_rendezvous
 from towerflow.errors import StrategyError
 from towerflow.strategies import towers as _towers
 from towerflow.strategies._devices import confine_replica_memory, replica_device
 from towerflow.strategies._local_tables import LocalTablesStrategy
+from towerflow.strategies.base import task_context
 from towerflow.strategies.replica_env import ReplicaEnv, read_env
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -57,7 +59,8 @@ class MirroredStrategy(LocalTablesStrategy):
     def __new__(cls, *args: Any, **kwargs: Any) -> "MirroredStrategy":
         if cls is MirroredStrategy:
             options = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments
-            if _towers.towers_mode(options.get("towers"), read_env(), options.get("devices")) == "threads":
+            context = options.get("context") or _taskenv.from_environment()
+            if _towers.towers_mode(options.get("towers"), read_env(context), options.get("devices")) == "threads":
                 from towerflow.strategies.towers_strategy import TowersStrategy  # a subclass: imported on use
 
                 return super().__new__(TowersStrategy)
@@ -74,8 +77,10 @@ class MirroredStrategy(LocalTablesStrategy):
         find_unused_parameters: bool = False,
         towers: Optional[str] = None,
         threads_per_tower: Optional[int] = None,
+        context: Optional[_taskenv.TaskContext] = None,
     ):
-        env = self._read_env()
+        context = task_context(context)
+        env = self._read_env(context)
         _towers.towers_mode(towers, env, devices)  # checks the value (and threads under a launcher)
         if towers == "threads":  # not MirroredStrategy itself (its __new__ made a TowersStrategy): a subclass
             raise StrategyError(
@@ -83,7 +88,7 @@ class MirroredStrategy(LocalTablesStrategy):
                 "process are MirroredStrategy(towers='threads')"
             )
         device, device_name = self._pick_device(env, devices)
-        super().__init__(device, device_name, env.world_size, env.rank, variables_on, mixed_precision)
+        super().__init__(device, device_name, env.world_size, env.rank, variables_on, mixed_precision, context)
         self.env = env
         self.bucket_cap_mb = bucket_cap_mb
         self.find_unused_parameters = find_unused_parameters
@@ -115,8 +120,8 @@ class MirroredStrategy(LocalTablesStrategy):
             )
 
     # ---- construction
-    def _read_env(self) -> ReplicaEnv:
-        return read_env()
+    def _read_env(self, context: "_taskenv.TaskContext") -> ReplicaEnv:
+        return read_env(context)
 
     def _pick_device(self, env: ReplicaEnv, devices: Optional[Sequence[str]]):
         return replica_device(env.local_rank, env.local_world_size, devices, env.assigned_device)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from towerflow import taskenv as _taskenv
 from towerflow.cluster import server as _server
 from towerflow.data.file_regroup import Resume
 from towerflow.errors import ParameterServerError, StrategyError
@@ -70,9 +71,10 @@ class ParameterServerStrategy(Strategy):
         local_steps: Optional[int] = None,
         ps_replicas: Optional[int] = None,
         ps_replica_lag: Optional[int] = None,
+        context: Optional["_taskenv.TaskContext"] = None,
     ):
         self._owns_server = server is None and _server.current() is None
-        self.server = server or _server.current() or _server.Server()
+        self.server = server or _server.current() or _server.Server(context=context)
         cluster = self.server.cluster
         if "ps" not in cluster.jobs:
             raise StrategyError(
@@ -125,7 +127,8 @@ class ParameterServerStrategy(Strategy):
                 "after it pushes its delta, which prefetch would delay by a round (its own delta missing); drop prefetch "
                 "(with local steps a worker talks to the ps once every k steps anyway)"
             )
-        super().__init__(torch_device, device_name, num_replicas=len(replicas), replica_id=replicas.index(here))
+        super().__init__(torch_device, device_name, num_replicas=len(replicas), replica_id=replicas.index(here),
+                         context=task)
         self.client = PSClient(self.server, model_name, replicas.index(here), here == replicas[0], torch_device,
                                spec, prefetch, on_global_step=self.steps.restore, ps_replicas=ps_replicas,
                                replica_lag=ps_replica_lag)

@@ -7,7 +7,7 @@ strategy can read its place without importing the module that chooses among stra
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Optional
 
 from towerflow import taskenv as _taskenv
 
@@ -46,9 +46,8 @@ class ReplicaEnv:
         return bool(self.cluster.get("ps"))
 
 
-def read_env(env: Optional[Mapping[str, str]] = None) -> ReplicaEnv:
-    """This process's replica place, from the task environment (`env` replaces this process's, for tests)."""
-    task = _taskenv.current() if env is None else _taskenv.read(env)
+def read_env(task: _taskenv.TaskContext) -> ReplicaEnv:
+    """This task's place in the replica group, from its context."""
     cluster = {k: list(v) for k, v in task.identity.cluster.items()}
     world = task.identity.world_size or 1
     rank = task.identity.rank or 0

@@ -13,11 +13,13 @@ from typing import Optional, Sequence
 
 import torch
 
+from towerflow import taskenv as _taskenv
 from towerflow.errors import StrategyError
 from towerflow.strategies import _host_memory
 from towerflow.strategies import towers as _towers
 from towerflow.strategies.mirrored import MirroredStrategy
 from towerflow.strategies.tower_pool import TowerPool, default_threads_per_tower
+from towerflow.strategies.base import task_context
 
 
 class TowersStrategy(MirroredStrategy):
@@ -44,16 +46,18 @@ class TowersStrategy(MirroredStrategy):
         find_unused_parameters: bool = False,
         towers: Optional[str] = None,
         threads_per_tower: Optional[int] = None,
+        context: Optional[_taskenv.TaskContext] = None,
     ):
         if towers == "processes":
             raise StrategyError("TowersStrategy(towers='processes'): use MirroredStrategy(towers='processes')")
-        env = self._read_env()
+        context = task_context(context)
+        env = self._read_env(context)
         _towers.towers_mode("threads", env, devices)  # refuses a launcher's replica process
         self.tower_devices = _towers.tower_devices(devices)
         n = len(self.tower_devices)
         # MirroredStrategy's own __init__ builds a replica process: skip it, keep what comes after it
         super(MirroredStrategy, self).__init__(torch.device("cpu"), self.tower_devices[0], n, 0, variables_on,
-                                               mixed_precision)
+                                               mixed_precision, context)
         self.towers_per_process = n
         self.env = env
         self.backend = None

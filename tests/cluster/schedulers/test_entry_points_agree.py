@@ -52,9 +52,16 @@ def place(monkeypatch):
     monkeypatch.setattr(addresses, "resolve", lambda host, where="": ["10.9.8.7"])
     monkeypatch.setattr(addresses, "local_addresses", lambda: {"10.9.8.7": "eth0"})
     chosen = []
-    monkeypatch.setattr(strategy_environment, "_registry", lambda: {n: (lambda n=n, **o: chosen.append(n)) for n in (
+    built = []  # the context each strategy was handed: what it trains as
+
+    def recorder(n):
+        def build(context, **options):
+            chosen.append(n)
+            built.append(context)
+        return build
+    monkeypatch.setattr(strategy_environment, "_registry", lambda: {n: recorder(n) for n in (
         "one_device", "mirrored", "multi_worker_mirrored", "parameter_server")})
-    monkeypatch.setattr(strategy_environment, "_serve_and_exit", lambda: chosen.append("serve"))
+    monkeypatch.setattr(strategy_environment, "_serve_and_exit", lambda task: (chosen.append("serve"), built.append(task)))
 
     def answers(case, capsys):
         for k, v in case["env"].items():
@@ -72,8 +79,11 @@ def place(monkeypatch):
         except TowerflowError as e:
             out["launch"] = str(e)
         try:
+            before = dict(os.environ)
             strategy_environment.strategy_from_env()
-            task, place = taskenv.current(), read_env()
+            assert dict(os.environ) == before  # the slot's environment is handed down, never written to the process's
+            task = built[-1]
+            place = read_env(task)
             if task.identity.cluster:
                 out["strategy"] = (task.identity.job_name, task.identity.task_index, sum(len(v) for v in task.identity.cluster.values()))
             elif place.world_size > 1:
@@ -86,7 +96,7 @@ def place(monkeypatch):
 
     yield answers
     os.environ.clear()
-    os.environ.update(saved)  # `strategy_from_env` adopted a slot's environment in os.environ itself
+    os.environ.update(saved)
 
 
 def _of_json(said):

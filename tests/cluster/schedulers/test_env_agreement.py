@@ -38,8 +38,8 @@ def environ(monkeypatch):
     chosen = []
 
     def recorder(name):
-        def build(**options):  # what strategy_from_env() would build, and the place it read: nothing joins
-            chosen.append((name, read_env()))
+        def build(context, **options):  # what strategy_from_env() would build, and the place it read: nothing joins
+            chosen.append((name, read_env(context)))
         return build
 
     monkeypatch.setattr(strategy_environment, "_registry", lambda: {n: recorder(n) for n in (

@@ -168,22 +168,24 @@ class _Board:
 
 _lock = threading.Lock()
 _attached = None  # the started Server's store (Server attaches it)
+_attached_task: Optional["_taskenv.TaskContext"] = None  # ... and the task it runs: what the records name
 _recorded: Optional[FailureRecord] = None
 _first: Optional[FailureRecord] = None
 _report_error: Optional[str] = None  # why the launcher's report could not be written
 _board_error: Optional[str] = None  # why the store could not number the record
 
 
-def attach(store) -> None:
-    """Record failures in this store (a Server's, for as long as it runs)."""
-    global _attached
-    _attached = store
+def attach(store, task: Optional["_taskenv.TaskContext"] = None) -> None:
+    """Record failures in this store, as `task` (a Server's, for as long as it runs). The excepthook that
+    records them is one per process, as the Server is."""
+    global _attached, _attached_task
+    _attached, _attached_task = store, task
 
 
 def detach(store) -> None:
-    global _attached
+    global _attached, _attached_task
     if _attached is store:
-        _attached = None
+        _attached, _attached_task = None, None
 
 
 def recorded() -> Optional[FailureRecord]:
@@ -267,9 +269,12 @@ def _with_deadline(fn: Callable[[], Any]) -> Any:
 
 
 def _task_env() -> "_taskenv.TaskContext":
-    """The task environment; a bad variable must not stop a failure from being recorded (it has its own error)."""
+    """The task the attached Server runs, else the one the environment names; a bad variable must not stop a
+    failure from being recorded (it has its own error)."""
+    if _attached_task is not None:
+        return _attached_task
     try:
-        return _taskenv.current()
+        return _taskenv.from_environment()
     except _taskenv.TaskEnvironmentError:
         return _taskenv.TaskContext()
 

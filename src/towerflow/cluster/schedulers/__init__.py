@@ -62,7 +62,7 @@ def detect(env: Mapping[str, str]) -> Optional[SchedulerResolver]:
 
 
 def resolve(env: Mapping[str, str], scheduler: Optional[str] = None, roles: Optional[Roles] = None) -> Optional[Resolved]:
-    """This task and its cluster from `env` (e.g. `taskenv.current().scheduler_env`); None: not distributed.
+    """This task and its cluster from `env` (e.g. `taskenv.from_environment().scheduler_env`); None: not distributed.
 
     `scheduler` (else TOWERFLOW_SCHEDULER) names the resolver instead of detecting one; `roles`
     (else TOWERFLOW_PS_TASKS / TOWERFLOW_CHIEF / TOWERFLOW_EVALUATOR) split ranks into jobs.
