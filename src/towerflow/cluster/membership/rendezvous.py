@@ -18,6 +18,7 @@ import errno
 import hmac
 import json
 import os
+import random
 import socket
 import time
 from typing import Collection, Optional, Tuple
@@ -179,7 +180,7 @@ class Rendezvous:
             if now - said >= SAY_EVERY:
                 _log.get("cluster", self.name).info(f"waiting for {c_name} at {c_address} — 1 of {n} tasks up")
                 said = now
-            time.sleep(POLL)
+            time.sleep(POLL * random.uniform(0.5, 1.5))  # the tasks of a cluster started at once knock apart
         store = _c10d.connect_store(c_host, c_port, max(1.0, deadline - time.monotonic()))
         self.store = _c10d.prefix_store("towerflow", store)
         return json.loads(self._get(_stores.PUBLISHER_KEY, deadline, c_name, c_address))

@@ -9,6 +9,7 @@ code that imports torch.distributed.
 from __future__ import annotations
 
 import datetime
+import random
 import socket
 import threading
 import time
@@ -18,6 +19,7 @@ import torch.distributed as dist
 
 from towerflow._waiting import wait_until
 from towerflow.errors import ClusterJoinError
+from towerflow.taskenv import ENV_JOIN_TIMEOUT
 
 Store = dist.Store
 
@@ -41,7 +43,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; a live listener still refuses
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(socket.SOMAXCONN)  # a cluster's tasks connect at once (a hosted store listens again, as wide)
     except OSError:
         sock.close()
         raise
@@ -65,31 +67,49 @@ def host_store(sock: socket.socket, timeout: float) -> dist.TCPStore:
     return store
 
 
-def connect_store(host: str, port: int, timeout: float, answer_within: float = 10.0) -> dist.TCPStore:
-    """Connect to a coordinator's store that is known to be listening.
+def connect_store(host: str, port: int, timeout: float, answer_within: Optional[float] = None) -> dist.TCPStore:
+    """Connect to a coordinator's store that is known to be listening, within `answer_within` s (default:
+    `timeout`, the store's own wait for a key).
 
-    A TCPStore client waits forever on a port that accepts but never answers (another
-    program), so the connect runs in a helper thread and gives up after `answer_within` s.
+    Hundreds of tasks connect at once when a cluster starts, to a store host that may be short of CPU
+    for a while: a connection that fails is tried again after a jittered backoff (so that the retries
+    do not arrive together), and an answer may take the whole wait. A TCPStore client waits forever on
+    a port that accepts but never answers (another program), so each try runs in a helper thread.
     """
-    out: Dict[str, Any] = {}
+    within = timeout if answer_within is None else answer_within
+    deadline = time.monotonic() + within
+    tries, last_error = 0, None
+    while True:
+        tries += 1
+        out: Dict[str, Any] = {}
 
-    def connect() -> None:
-        try:
-            out["store"] = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
-        except Exception as e:  # handed to the caller below
-            out["error"] = e
+        def connect() -> None:
+            try:
+                out["store"] = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
+            except Exception as e:  # handed to the caller below
+                out["error"] = e
 
-    t = threading.Thread(target=connect, name="towerflow-store-connect", daemon=True)
-    t.start()
-    t.join(answer_within)
-    if t.is_alive():
-        raise ClusterJoinError(
-            f"something at {host}:{port} accepts connections but does not answer as a towerflow coordinator "
-            "(another program on that port?). Free the port or change the cluster spec."
-        )
-    if "error" in out:
-        raise out["error"]
-    return out["store"]
+        t = threading.Thread(target=connect, name="towerflow-store-connect", daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            raise ClusterJoinError(
+                f"the store at {host}:{port} accepted a connection but gave no answer within {within:g} s ({tries} "
+                f"tr{'ies' if tries > 1 else 'y'}{f'; before: {last_error}' if last_error else ''}): another program "
+                "on that port, or a store host without CPU to spare. Free the port or change the cluster spec, or "
+                f"raise the wait with {ENV_JOIN_TIMEOUT}."
+            )
+        if "store" in out:
+            return out["store"]
+        last_error = str(out["error"]).splitlines()[0]
+        pause = min(2.0, 0.05 * 2 ** tries) * random.uniform(0.5, 1.5)
+        if time.monotonic() + pause > deadline:
+            raise ClusterJoinError(
+                f"could not connect to the store at {host}:{port} within {within:g} s ({tries} tries; the last: "
+                f"{last_error}). Check that it still runs and this host reaches it, or raise the wait with "
+                f"{ENV_JOIN_TIMEOUT}."
+            )
+        time.sleep(pause)
 
 
 def prefix_store(prefix: str, store: Store) -> Store:
