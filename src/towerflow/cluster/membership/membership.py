@@ -18,6 +18,7 @@ from towerflow._waiting import wait_until
 from towerflow.cluster.membership import ending as _ending
 from towerflow import taskenv as _taskenv
 from towerflow.cluster.membership import failures as _failures
+from towerflow.cluster.membership import watch as _watch
 from towerflow.cluster.calls import endpoint as _calls
 from towerflow.cluster.calls.names import call_name
 from towerflow.cluster.membership.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
@@ -41,6 +42,10 @@ class Membership:
         self._incarnations: Dict[tuple, int] = {}  # the last one seen of each task, for call_name_of
         self._beating = threading.Event()
         self._beat_thread: Optional[threading.Thread] = None
+        self._watch_thread: Optional[threading.Thread] = None
+        tasks = self.cluster.tasks()  # a large cluster is watched by group (watch.py), a small one directly
+        self.watch = _watch.Watch(lambda: self._store, DeviceSpec(job=rendezvous.job, replica=0, task=rendezvous.index),
+                                  tasks, self.beats_of, self._silence_limit) if len(tasks) > _watch.WATCHED_FROM else None
         # (the done version read before the keys, the tasks done, the tasks another one stands in for)
         self._marks: Tuple[int, frozenset, frozenset] = (-1, frozenset(), frozenset())
 
@@ -163,12 +168,25 @@ class Membership:
 
         self._beat_thread = threading.Thread(target=beat, name=f"towerflow-heartbeat {self.name}", daemon=True)
         self._beat_thread.start()
+        if self.watch is not None:
+            watch = self.watch
+
+            def look() -> None:
+                while not self._beating.wait(_watch.WATCH_EVERY):
+                    try:
+                        watch.tick()
+                    except Exception:  # the store out of reach for a moment: as for the beats, look again
+                        continue
+
+            self._watch_thread = threading.Thread(target=look, name=f"towerflow-watch {self.name}", daemon=True)
+            self._watch_thread.start()
 
     def stop(self) -> None:
-        """Stop beating (the others then see this task silent unless it said it is done)."""
+        """Stop beating and watching (the others then see this task silent unless it said it is done)."""
         self._beating.set()
-        if self._beat_thread is not None:
-            self._beat_thread.join(2 * BEAT_EVERY)
+        for thread in (self._beat_thread, self._watch_thread):
+            if thread is not None:
+                thread.join(2 * BEAT_EVERY)
 
     def beats_of(self, tasks: Sequence[DeviceSpec]) -> List[Tuple[int, int]]:
         """Each task's heartbeat count and incarnation: two store calls for all of them (a check and a
@@ -221,12 +239,21 @@ class Membership:
             return []
         return [f for f in (self.final_failure(t.job, t.task) for t in tasks) if f is not None]
 
+    def _silence_limit(self, incarnation: int) -> float:
+        """How long a task of `incarnation` may be silent: the join timeout on top while it may be restarted."""
+        return self.heartbeat_timeout + (self.join_timeout if incarnation < self.max_restarts else 0.0)
+
     def check_heartbeats(self, running: List[DeviceSpec], seen: Dict[str, tuple]) -> None:
         """A task that stopped beating without saying it is done was killed or hangs: fail instead of waiting forever.
 
         A task the launcher may still restart (`--max-restarts`) gets the join timeout on top,
         the time a restarted task has to come back; its new incarnation beats the same counter.
+        In a large cluster the group watchers judge the silence and this reads their verdicts (watch.py).
         """
+        if self.watch is not None:
+            for lost in self.watch.lost_among(running, self.incarnation_of):
+                raise self._silence_error(lost["job"], lost["index"], lost["silent_s"], lost["incarnation"])
+            return
         now = time.monotonic()
         watched = {task_name(t.job, t.task) for t in running}
         for name in [n for n in seen if n not in watched]:  # done or stood in for meanwhile: its silence then does not
@@ -238,22 +265,23 @@ class Membership:
                 seen[name] = ((count, incarnation), now)
                 continue
             silent = now - last[1]
-            if silent <= self.heartbeat_timeout:
-                continue
-            may_restart = incarnation < self.max_restarts
-            if may_restart and silent <= self.heartbeat_timeout + self.join_timeout:
-                continue
-            waited = (
-                f"{silent:.0f} s (it may be restarted: {incarnation} of {self.max_restarts} restarts used, and "
-                f"the wait includes {_taskenv.ENV_JOIN_TIMEOUT}={self.join_timeout:g} s for it to come back)"
-                if may_restart else f"{self.heartbeat_timeout:g} s"
-            )
-            raise PeerLost(
-                f"{name} at {self.cluster.task_address(t.job, t.task)} stopped answering: no heartbeat for "
-                f"{waited} and it never finished. It was killed or is hung; restart the cluster, or launch with "
-                f"--max-restarts N so the launcher restarts it (the wait is {_taskenv.ENV_HEARTBEAT_TIMEOUT}).",
-                task=name,
-            )
+            if silent > self._silence_limit(incarnation):
+                raise self._silence_error(t.job, t.task, silent, incarnation)
+
+    def _silence_error(self, job: str, index: int, silent: float, incarnation: int) -> PeerLost:
+        name = task_name(job, index)
+        waited = (
+            f"{silent:.0f} s (it may be restarted: {incarnation} of {self.max_restarts} restarts used, and "
+            f"the wait includes {_taskenv.ENV_JOIN_TIMEOUT}={self.join_timeout:g} s for it to come back)"
+            if incarnation < self.max_restarts else f"{self.heartbeat_timeout:g} s"
+        )
+        return PeerLost(
+            f"{name} at {self.cluster.task_address(job, index)} stopped answering: no heartbeat for "
+            f"{waited} and it never finished. It was killed or is hung; restart the cluster, or launch with "
+            f"--max-restarts N so the launcher restarts it (the wait is {_taskenv.ENV_HEARTBEAT_TIMEOUT}).",
+            task=name,
+            incarnation=incarnation,
+        )
 
     # --- watching while waiting --------------------------------------------------------------
 
