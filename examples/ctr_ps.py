@@ -187,12 +187,26 @@ def in_memory(batches_of, records, batch_size: int, worker: int, num_workers: in
             yield batches_of(shuffled.slice(start, min(len(mine), start + batch_size)))
 
 
+def _widths(text: str) -> tuple:
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected hidden widths as positive integers, e.g. 4096,2048")
+    return widths
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[towerflow.cluster_flags()],
                                 allow_abbrev=False)
     p.add_argument("--rows", type=int, default=1_000_000, help="rows (ids) per embedding table")
     p.add_argument("--tables", type=int, default=26, help="categorical features, one table each")
     p.add_argument("--dim", type=int, default=16, help="embedding dimension")
+    p.add_argument("--bottom", type=_widths, default=(64,), metavar="W,W,...",
+                   help="hidden widths of the bottom MLP (default 64)")
+    p.add_argument("--top", type=_widths, default=(64,), metavar="W,W,...",
+                   help="hidden widths of the top MLP (default 64; 4096,2048 makes a dense part of ~10M parameters)")
     p.add_argument("--batch-size", "--batch_size", type=int, default=1024, help="samples per step per worker")
     p.add_argument("--steps", type=int, default=300, help="global steps")
     p.add_argument("--optimizer", default="adagrad", choices=sorted(DEFAULT_LR))
@@ -239,9 +253,9 @@ def main(argv=None):
     strategy.print(f"{strategy}; data {data or train_dir}")
 
     if schema is not None:
-        model = DLRM.for_schema(schema, args.dim, table_device=strategy.table_device)
+        model = DLRM.for_schema(schema, args.dim, table_device=strategy.table_device, bottom=args.bottom, top=args.top)
     else:
-        model = DLRM(rows_per_table, 13, args.dim, table_device=strategy.table_device)
+        model = DLRM(rows_per_table, 13, args.dim, table_device=strategy.table_device, bottom=args.bottom, top=args.top)
     dense_bytes = sum(p.numel() * p.element_size() for p in model.dense_parameters())
     if getattr(strategy, "dense", "ps") == "allreduce":  # hybrid: the dense part never goes to the ps tasks
         dense_bytes = 0
