@@ -4,7 +4,7 @@
     PYTHONPATH=src python benchmarks/hybrid_bench.py --repeats 3 --top 4096,2048 --batch-size 256 --steps 40
 
 Two variants of one launch line, interleaved in each repeat, both `towerflow launch --ps 2 --workers 2
-examples/ctr_ps.py` (async tables, Adagrad):
+examples/ctr_ps.py` (Adagrad; the tables' mode `--mode`, async by default):
 
 * `ps`: every parameter on the ps tasks (the dense part pushed and pulled every step);
 * `hybrid`: `--dense allreduce`, only the tables on the ps tasks, the MLPs all-reduced among the workers.
@@ -38,7 +38,7 @@ VARIANTS = {"ps": [], "hybrid": ["--dense", "allreduce"]}
 def run(variant: str, args, log) -> Dict:
     """One launch of `variant`; its figures, parsed from the example's output (which goes to `log` whole)."""
     argv = [sys.executable, "-m", "towerflow", "launch", "--ps", str(args.ps), "--workers", str(args.workers),
-            *VARIANTS[variant], EXAMPLE, "--rows", str(args.rows), "--steps", str(args.steps), "--batch-size",
+            "--mode", args.mode, *VARIANTS[variant], EXAMPLE, "--rows", str(args.rows), "--steps", str(args.steps), "--batch-size",
             str(args.batch_size), "--top", args.top, "--test-size", str(args.test_size)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for k in ("RANK", "WORLD_SIZE", "TF_CONFIG", "TOWERFLOW_PS_DENSE"):
@@ -70,6 +70,7 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ps", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--mode", default="async", choices=["async", "sync", "ssp"], help="the tables' update mode (both)")
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--steps", type=int, default=200, help="global steps of each launch")
     p.add_argument("--batch-size", type=int, default=1024)
@@ -79,7 +80,7 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="where the JSON and the raw log go")
     args = p.parse_args(argv)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-    name = f"hybrid_top{args.top.replace(',', 'x')}_{stamp}"
+    name = f"hybrid_{args.mode}_top{args.top.replace(',', 'x')}_{stamp}"
     os.makedirs(args.out, exist_ok=True)
     results: List[Dict] = []
     with open(os.path.join(args.out, name + ".log"), "w") as log:
