@@ -63,6 +63,7 @@ def dense_place(dense: Optional[str], task) -> str:
                             "'allreduce': the tables on the ps tasks, the rest replicated on the workers and all-reduced)")
     return value
 
+
 class ParameterServerStrategy(Strategy):
     """Variables and optimizer on the ps tasks; workers pull, compute gradients on their device, push."""
 
