@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/hybrid_bench.py --repeats 5                       # the example's default DLRM
     PYTHONPATH=src python benchmarks/hybrid_bench.py --repeats 3 --top 4096,2048 --batch-size 256 --steps 40
+    PYTHONPATH=src python benchmarks/hybrid_bench.py --hosts ...     # across network-namespace hosts (root)
 
 Two variants of one launch line, interleaved in each repeat, both `towerflow launch --ps 2 --workers 2
 examples/ctr_ps.py` (Adagrad; the tables' mode `--mode`, async by default):
@@ -24,10 +25,12 @@ import json
 import os
 import re
 import statistics
+import pathlib
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -35,25 +38,65 @@ EXAMPLE = os.path.join(REPO, "examples", "ctr_ps.py")
 VARIANTS = {"ps": [], "hybrid": ["--dense", "allreduce"]}
 
 
-def run(variant: str, args, log) -> Dict:
-    """One launch of `variant`; its figures, parsed from the example's output (which goes to `log` whole)."""
+def _example_args(args) -> List[str]:
+    return [EXAMPLE, "--rows", str(args.rows), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+            "--top", args.top, "--test-size", str(args.test_size)]
+
+
+def _on_one_host(variant: str, args) -> Tuple[str, str, int]:
+    """The embedded cluster of one `towerflow launch`: (command, output, exit code)."""
     argv = [sys.executable, "-m", "towerflow", "launch", "--ps", str(args.ps), "--workers", str(args.workers),
-            "--mode", args.mode, *VARIANTS[variant], EXAMPLE, "--rows", str(args.rows), "--steps", str(args.steps), "--batch-size",
-            str(args.batch_size), "--top", args.top, "--test-size", str(args.test_size)]
+            "--mode", args.mode, *VARIANTS[variant], *_example_args(args)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for k in ("RANK", "WORLD_SIZE", "TF_CONFIG", "TOWERFLOW_PS_DENSE"):
         env.pop(k, None)
-    started = time.time()
     done = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=args.timeout)
+    return " ".join(argv[1:]), done.stdout, done.returncode
+
+
+def _on_namespace_hosts(variant: str, args) -> Tuple[str, str, int]:
+    """The ps tasks on one network-namespace host and each worker on a host of its own (tests/multihost/netns.py,
+    root): one `towerflow launch --cluster FILE` per task, the wire's default across hosts (encrypted ZeroMQ;
+    the workers' gloo all-reduce is not encrypted)."""
+    sys.path.insert(0, os.path.join(REPO, "tests", "multihost"))
+    from netns import Hosts
+
+    flags = ["--mode", args.mode, *VARIANTS[variant]]
+    with tempfile.TemporaryDirectory() as work:
+        hosts = Hosts(1 + args.workers, pathlib.Path(work))
+        try:
+            cluster = {"ps": [f"{hosts[0].name}:{7100 + i}" for i in range(args.ps)],
+                       "worker": [f"{hosts[1 + w].name}:7200" for w in range(args.workers)]}
+            cluster_file = os.path.join(work, "cluster.json")
+            with open(cluster_file, "w") as f:
+                json.dump(cluster, f)
+            env = {"TOWERFLOW_CLUSTER_TOKEN": "hybrid-bench"}
+            procs = [hosts.launch(hosts[0], cluster_file, "ps", i, _example_args(args), env, flags)
+                     for i in range(args.ps)]
+            procs += [hosts.launch(hosts[1 + w], cluster_file, "worker", w, _example_args(args), env, flags)
+                      for w in range(args.workers)]
+            codes = [p.wait(args.timeout) for p in procs]
+            out = "\n".join(f"--- {p.host.name}\n{p.output}" for p in procs)
+        finally:
+            hosts.close()
+    command = (f"on {1 + args.workers} namespace hosts: towerflow launch --cluster FILE --job_name J --task_index I "
+               f"{' '.join(flags)} {' '.join(_example_args(args))}")
+    return command, out, max(codes, key=abs)
+
+
+def run(variant: str, args, log) -> Dict:
+    """One launch of `variant`; its figures, parsed from the example's output (which goes to `log` whole)."""
+    started = time.time()
+    command, out, code = (_on_namespace_hosts if args.hosts else _on_one_host)(variant, args)
     log.write(f"==== {variant} {datetime.datetime.fromtimestamp(started, datetime.timezone.utc):%H:%M:%S} UTC: "
-              f"{' '.join(argv[1:])}\n{done.stdout}\n")
+              f"{command}\n{out}\n")
     log.flush()
-    if done.returncode != 0:
-        raise SystemExit(f"{variant} failed (exit {done.returncode}); its output is in the log")
-    workers = [(int(s), float(t)) for s, t in re.findall(r"worker \d+: (\d+) steps in ([\d.]+)s", done.stdout)]
-    moved, minimum = (int(v) for v in re.search(r"wire: (\d+) bytes/step \(minimum (\d+)\)", done.stdout).groups())
-    auc = float(re.search(r"test auc: ([\d.]+)", done.stdout).group(1))
+    if code != 0:
+        raise SystemExit(f"{variant} failed (exit {code}); its output is in the log")
+    workers = [(int(s), float(t)) for s, t in re.findall(r"worker \d+: (\d+) steps in ([\d.]+)s", out)]
+    moved, minimum = (int(v) for v in re.search(r"wire: (\d+) bytes/step \(minimum (\d+)\)", out).groups())
+    auc = float(re.search(r"test auc: ([\d.]+)", out).group(1))
     return {
         "variant": variant,
         "steps_per_s": statistics.mean(s / t for s, t in workers),
@@ -77,10 +120,12 @@ def main(argv: List[str] = None) -> None:
     p.add_argument("--top", default="64", help="hidden widths of the top MLP (4096,2048: a dense part of ~10M)")
     p.add_argument("--test-size", type=int, default=20_000)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--hosts", action="store_true",
+                   help="across network-namespace hosts (root): the ps tasks on one, each worker on its own")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="where the JSON and the raw log go")
     args = p.parse_args(argv)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d_%H%M")
-    name = f"hybrid_{args.mode}_top{args.top.replace(',', 'x')}_{stamp}"
+    name = f"hybrid_{args.mode}_top{args.top.replace(',', 'x')}{'_hosts' if args.hosts else ''}_{stamp}"
     os.makedirs(args.out, exist_ok=True)
     results: List[Dict] = []
     with open(os.path.join(args.out, name + ".log"), "w") as log:
