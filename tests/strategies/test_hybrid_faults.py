@@ -4,8 +4,9 @@ A worker killed between steps, inside the backward pass (while DDP all-reduces) 
 checkpoint write: the launcher restarts every worker (their process group cannot go on without one) and
 leaves the ps task running; the workers resume the dense part from the newest complete checkpoint, the
 tables go on from the ps's own state (not rolled back), and the workers end with equal dense values.
-A checkpoint of 1 ps + 2 workers restored onto 2 ps + 3 workers starts every worker from the checkpoint's
-dense values and optimizer state, and the tables from its rows.
+A killed ps task is restored from the newest (hybrid) checkpoint while the workers wait, as under the ps
+strategy. A checkpoint of 1 ps + 2 workers restored onto 2 ps + 3 workers starts every worker from the
+checkpoint's dense values and optimizer state, and the tables from its rows.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def test_a_killed_worker_restarts_the_workers_and_leaves_the_ps_tables(launcher,
     checkpoint, ps_step = int(resumed.group(1)), int(resumed.group(2))
     assert checkpoint == (15 if moment == "checkpoint" else 10) and checkpoint <= step
     assert ps_step > 2 * checkpoint  # the tables kept every push since the checkpoint (async: one per worker step)
+    hashes = _final_hashes(run.out)
+    assert sorted(hashes) == ["0", "1"] and len(set(hashes.values())) == 1, run.out
+
+
+def test_a_killed_ps_task_is_restored_from_the_hybrid_checkpoint_as_under_the_ps_strategy(launcher, tmp_path):
+    run = launcher.python("-m", "towerflow", "launch", "--ps", "1", "--workers", "2", "--dense", "allreduce",
+                          "--max-restarts", "1", SCRIPT, str(tmp_path), "40", env=ENV, label="hybrid")
+    wait_until(lambda: (tmp_path / "1.0.pid").exists() or run.popen.poll() is not None, 90, "some training")
+    ps = re.search(r"/job:ps/task:0 \(pid (\d+)\)", run.err)
+    assert ps, run.err
+    os.kill(int(ps.group(1)), signal.SIGKILL)
+    assert run.wait(100) == 0, run.describe()
+    assert re.search(r"/job:ps/task:0 \(pid \d+\) was killed by signal 9; restarting it \(1 of 1\)", run.err), run.err
+    assert re.search(r"/job:ps/task:0 is back \(ps:0:r1\); restored every ps task from ckpt-\d+\.pt", run.err), run.err
+    assert "restarting all" not in run.err  # the workers went on: their group was never broken
     hashes = _final_hashes(run.out)
     assert sorted(hashes) == ["0", "1"] and len(set(hashes.values())) == 1, run.out
 
