@@ -50,6 +50,7 @@ ENV_PS_PROMOTE_AFTER = "TOWERFLOW_PS_PROMOTE_AFTER"  # seconds a lost primary's 
 ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers keep freed memory for the next step) | system
 ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | zmq (always calls over ZeroMQ)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
+ENV_PS_DENSE = "TOWERFLOW_PS_DENSE"  # --dense: ps (every parameter on the ps tasks) | allreduce (only the tables there)
 ENV_PROFILE_FROM = "TOWERFLOW_PROFILE_FROM"  # --profile-steps START: profile each task from this global step on
 ENV_PROFILE_STEPS = "TOWERFLOW_PROFILE_STEPS"  # --profile-steps START:COUNT: how many of its steps
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
@@ -71,6 +72,7 @@ DEFAULT_HEARTBEAT_TIMEOUT = 15.0
 DEFAULT_PS_PROMOTE_AFTER = 5.0  # a restarted ps task on a live host is back in 2-5 s (docs/fault-tolerance.md)
 WIRE_SECURITY = ("encrypt", "authenticate")  # cluster/calls/wire_security.py
 PS_MODES = ("async", "sync", "ssp")
+PS_DENSE = ("ps", "allreduce")
 MAX_PS_REPLICAS = 2  # a primary and one backup
 PS_LINKS = ("shm", "zmq")
 TOWERS_ALLOCATORS = ("keep", "system")
@@ -147,6 +149,7 @@ class PsOptions:
     promote_after: float = DEFAULT_PS_PROMOTE_AFTER
     link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
     local_steps: Optional[int] = None
+    dense: Optional[str] = None  # TOWERFLOW_PS_DENSE: where the non-table parameters train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +256,7 @@ def read(env: Mapping[str, str]) -> TaskContext:
             promote_after=_seconds(env, ENV_PS_PROMOTE_AFTER, DEFAULT_PS_PROMOTE_AFTER),
             link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
             local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),
+            dense=_choice(env, ENV_PS_DENSE, PS_DENSE),
         ),
         tuning=Tuning(
             strategy=env.get(ENV_STRATEGY) or None,

@@ -4,6 +4,7 @@ flags arriving as the same config."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -36,6 +37,8 @@ def test_an_embedded_cluster_is_planned_from_a_config(launch_script):
     (dict(workers=2, ps_replicas=2), "--ps-replicas 2 with --ps 0"),
     (dict(ps=2, workers=1, ps_replica_lag=8), "--ps-replica-lag 8 with --ps-replicas None .* --ps-replicas 2 and --mode async"),
     (dict(ps=2, workers=2, ps_replicas=2, mode="sync", ps_replica_lag=8), "--ps-replica-lag 8 .* --mode sync: expected 0"),
+    (dict(workers=2, dense="allreduce"), "--dense allreduce says where parameter servers leave the dense layers; add --ps N"),
+    (dict(ps=1, workers=2, dense="allreduce", local_steps=4), "--dense allreduce with --local-steps 4: .* drop one"),
 ])
 def test_a_launch_that_cannot_run_is_refused_with_the_flag_to_change(launch_script, config, message):
     with pytest.raises(TowerflowError, match=message):
@@ -47,6 +50,22 @@ def test_the_command_line_hands_planning_exactly_its_flags(launch_script):
                                       "--replicas-to-aggregate", "2", "--max-restarts", "1", launch_script, "--epochs", "3"])
     assert config_of(args) == LaunchConfig(script=launch_script, script_args=("--epochs", "3"), ps=2, workers=3, chief=True,
                                            max_restarts=1, mode="sync", replicas_to_aggregate=2)
+
+
+def test_a_hybrid_launch_restarts_the_workers_together_and_leaves_the_ps_tasks(launch_script, monkeypatch):
+    monkeypatch.setenv("TOWERFLOW_PS_DENSE", "ps")  # restored when the test ends: planning exports the flag here
+    args = build_parser().parse_args(["launch", "--ps", "2", "--workers", "4", "--dense", "allreduce", launch_script])
+    config = config_of(args)
+    assert config == LaunchConfig(script=launch_script, ps=2, workers=4, dense="allreduce")
+    plan = plan_launch(config)
+    try:
+        assert plan.restart_scope == "replicas"
+        assert os.environ["TOWERFLOW_PS_DENSE"] == "allreduce"
+    finally:
+        plan.release()
+    plain = plan_launch(LaunchConfig(script=launch_script, ps=2, workers=4))
+    plain.release()
+    assert plain.restart_scope == "task"
 
 
 def _two_host_cluster(tmp_path, monkeypatch):

@@ -81,6 +81,10 @@ def register(sub) -> None:
     ps.add_argument("--local_steps", "--local-steps", dest="local_steps", type=_local_steps, default=None, metavar="K",
                     help="geo / local SGD: each worker takes K steps of its own optimizer, then pushes its parameter "
                          "delta (default 1: push gradients every step)")
+    ps.add_argument("--dense", choices=("ps", "allreduce"), default=None,
+                    help="where the dense layers train: 'ps' (default: every parameter on the ps tasks) or 'allreduce' "
+                         "(hybrid: only the embedding tables on the ps tasks, the rest replicated on the workers and "
+                         "all-reduced every step; a lost worker restarts every worker, the ps tasks go on)")
     ps.add_argument("--ps_replicas", "--ps-replicas", dest="ps_replicas", type=int, default=None, metavar="N",
                     help="copies of each ps task's part: 1 (default) or 2 (a mirror on another ps task, on another host "
                          "where there is one, kept in step "
@@ -140,7 +144,7 @@ def config_of(args) -> LaunchConfig:
         cluster_file=args.cluster, job_name=args.job_name, task_index=args.task_index, master_port=args.master_port,
         max_restarts=args.max_restarts, logdir=args.logdir, store=args.store, ps_runs_script=args.ps_runs_script, mode=args.mode,
         replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, local_steps=args.local_steps,
-        ps_replicas=args.ps_replicas, ps_replica_lag=args.ps_replica_lag, profile=args.profile_steps,
+        ps_replicas=args.ps_replicas, ps_replica_lag=args.ps_replica_lag, profile=args.profile_steps, dense=args.dense,
     )
 
 

@@ -43,6 +43,7 @@ class LaunchConfig:
     local_steps: Optional[int] = None
     ps_replicas: Optional[int] = None
     ps_replica_lag: Optional[int] = None
+    dense: Optional[str] = None  # "allreduce": only the tables on the ps tasks, the rest all-reduced (hybrid)
     # a window of each task's training steps under torch.profiler: (from global step, how many)
     profile: Optional[Tuple[int, int]] = None
 

@@ -95,12 +95,13 @@ def unset(names) -> Dict[str, str]:
 
 def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], staleness: Optional[int],
                    local_steps: Optional[int] = None, ps_replicas: Optional[int] = None,
-                   ps_replica_lag: Optional[int] = None) -> None:
-    """--mode/--replicas-to-aggregate/--staleness/--local-steps/--ps-replicas/--ps-replica-lag: every task
+                   ps_replica_lag: Optional[int] = None, dense: Optional[str] = None) -> None:
+    """--mode/--replicas-to-aggregate/--staleness/--local-steps/--ps-replicas/--ps-replica-lag/--dense: every task
     inherits them as TOWERFLOW_PS_*."""
     for name, value in ((_te.ENV_PS_MODE, mode), (_te.ENV_PS_REPLICAS_TO_AGGREGATE, replicas_to_aggregate),
                         (_te.ENV_PS_STALENESS, staleness), (_te.ENV_PS_LOCAL_STEPS, local_steps),
-                        (_te.ENV_PS_REPLICAS, ps_replicas), (_te.ENV_PS_REPLICA_LAG, ps_replica_lag)):
+                        (_te.ENV_PS_REPLICAS, ps_replicas), (_te.ENV_PS_REPLICA_LAG, ps_replica_lag),
+                        (_te.ENV_PS_DENSE, dense)):
         if value is not None:
             os.environ[name] = str(value)
 

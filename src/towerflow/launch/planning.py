@@ -54,8 +54,11 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
                         master_port=config.master_port, ps_argv=ps_argv, store=store)
         _say_about_hosts(plan.cluster)
         return plan
-    return plan_local(argv, ps=config.ps, workers=config.workers, chief=config.chief, devices=config.devices,
+    plan = plan_local(argv, ps=config.ps, workers=config.workers, chief=config.chief, devices=config.devices,
                       nproc=config.nproc, logdir=logdir, ps_argv=ps_argv, store=store)
+    if config.dense == "allreduce" and config.ps:  # the workers share a process group; the ps tasks are not in it
+        plan.restart_scope = "replicas"
+    return plan
 
 
 def run(config: LaunchConfig, plan: LaunchPlan) -> int:
@@ -90,8 +93,23 @@ def pass_ps_mode(config: LaunchConfig, has_ps: bool) -> None:
         raise TowerflowError(f"{flag} chooses how parameter servers apply updates; add --ps N (N >= 1)")
     check_ps_replicas(config, has_ps)
     check_ps_replica_lag(config)
+    check_dense(config, has_ps)
     export_ps_mode(config.mode, config.replicas_to_aggregate, config.staleness, config.local_steps, config.ps_replicas,
-                   config.ps_replica_lag)
+                   config.ps_replica_lag, config.dense)
+
+
+def check_dense(config: LaunchConfig, has_ps: bool) -> None:
+    """--dense allreduce: the tables on the ps tasks, so there must be some; every step all-reduces, so no local steps."""
+    if config.dense is None:
+        return
+    if config.dense not in taskenv.PS_DENSE:
+        raise TowerflowError(f"--dense {config.dense}: expected one of {', '.join(taskenv.PS_DENSE)}")
+    if not config.cluster_file and not has_ps:
+        raise TowerflowError(f"--dense {config.dense} says where parameter servers leave the dense layers; add --ps N "
+                             "(N >= 1) for the embedding tables, or drop --dense to all-reduce everything")
+    if config.dense == "allreduce" and config.local_steps not in (None, 1):
+        raise TowerflowError(f"--dense allreduce with --local-steps {config.local_steps}: the dense layers are all-reduced "
+                             "every step and the tables learn from every step's rows; drop one of them")
 
 
 def check_ps_replicas(config: LaunchConfig, has_ps: bool) -> None:

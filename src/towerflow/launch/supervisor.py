@@ -30,8 +30,9 @@ from towerflow.launch.task_process import TaskProcess, TaskProcessSpec, child_se
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 # "task": restart the task that died (parameter servers: the others go on without it);
-# "group": restart every task (all-reduce replicas cannot go on without one of theirs)
-RESTART_SCOPES = ("task", "group")
+# "group": restart every task (all-reduce replicas cannot go on without one of theirs);
+# "replicas": a chief or worker restarts every chief and worker, a ps task alone (hybrid: --dense allreduce)
+RESTART_SCOPES = ("task", "group", "replicas")
 EXITING_GRACE_S = 3.0  # how long a task that reported its own failure gets to exit by itself (_fail)
 SERVE_GRACE_S = 5.0  # how long tasks that only serve others may outlive every task they serve (_served)
 QUICK_FAILURE_S = 10.0  # a task failing sooner than this after its start, twice in a row, waits to be restarted
@@ -193,7 +194,7 @@ class Supervisor:
                         return self._fail(r)
                     self._lose(r, how)
                     continue
-                if self.restart_scope == "group":
+                if self.restart_scope == "group" or (self.restart_scope == "replicas" and r.spec.job != "ps"):
                     self._restart_all(r, how)
                     break
                 pause = self._pause(r)
@@ -297,18 +298,24 @@ class Supervisor:
         return self._start(dataclasses.replace(r.spec, env=env), count)
 
     def _restart_all(self, failed: TaskProcess, how: str) -> None:
-        """Stop every task and start them all again (each resumes from the newest checkpoint)."""
+        """Stop every task of the group (all of them, or the chief and workers: "replicas") and start them again
+        (each resumes from the newest checkpoint; ps tasks left running keep their state)."""
         count = failed.restarts + 1
-        self._say(f"{failed.spec.name} (pid {failed.proc.pid}) {how}; restarting all {len(self._running)} tasks "
+        group = [r for r in self._running if self.restart_scope != "replicas" or r.spec.job != "ps"]
+        what = "tasks" if len(group) == len(self._running) else "chief and worker tasks (the ps tasks go on)"
+        self._say(f"{failed.spec.name} (pid {failed.proc.pid}) {how}; restarting all {len(group)} {what} "
                   f"({count} of {self.max_restarts}): all-reduce replicas cannot go on without it"
                   f"{_verdict.restart_note(failed.report_path)}")
-        self.stop_all()
-        self._running = [self._restart(r, count) for r in self._running]
-        self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in self._running))
+        self.stop_all(group)
+        started = {id(r): self._restart(r, count) for r in group}
+        self._running = [started.get(id(r), r) for r in self._running]
+        self._say("started " + ", ".join(f"{r.spec.name} (pid {r.proc.pid})" for r in started.values()))
 
-    def stop_all(self) -> None:
-        """SIGTERM every task's process group, SIGKILL what is left after STOP_GRACE_S; waits for all."""
-        alive = [r for r in self._running if r.proc.poll() is None]
+    def stop_all(self, only: Optional[Sequence[TaskProcess]] = None) -> None:
+        """SIGTERM every task's process group (or `only` those tasks'), SIGKILL what is left after STOP_GRACE_S;
+        waits for them."""
+        stopping = list(self._running if only is None else only)
+        alive = [r for r in stopping if r.proc.poll() is None]
         for r in alive:
             r.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
@@ -317,7 +324,7 @@ class Supervisor:
                 r.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for r in self._running:
+        for r in stopping:
             r.signal_group(signal.SIGKILL)  # also reaps anything the task left in its group
             if r.proc.poll() is None:
                 r.proc.kill()

@@ -33,7 +33,8 @@ def check_one_process(strategy, tables: Dict[str, nn.Module]) -> None:
         raise StrategyError(
             f"HashEmbedding {names} under {type(strategy).__name__} with {strategy.num_replicas_in_sync} replicas: each "
             "replica would grow a vocabulary of its own. Keep hash tables on parameter servers "
-            "(`towerflow launch --ps 1 --workers N script.py`, ParameterServerStrategy) or train in one process"
+            "(`towerflow launch --ps 1 --workers N script.py`, ParameterServerStrategy; add `--dense allreduce` to keep "
+            "the rest of the model all-reduced) or train in one process"
         )
     if strategy.autocast_dtype == torch.float16:
         raise StrategyError(

@@ -14,6 +14,8 @@ values back into the model; how pushes become updates is the mode (`ps/policies.
 With `prefetch=True` (async and ssp) the next values are pulled while the worker computes.
 With `local_steps=k` (k > 1, geo-SGD) the optimizer steps on the worker and every k-th step
 pushes the parameter delta instead (`ps/worker/local_steps.py`).
+With `dense="allreduce"` only the embedding tables go to the ps tasks: the rest of the model is
+replicated on the workers and all-reduced (`strategies/hybrid.py`, which this constructor returns then).
 
 The ps tasks do not run this strategy: they serve (`towerflow launch` starts them as
 `python -m towerflow.ps.serve`; scripts in the seeds' style call `server.join()` on them). The
@@ -23,6 +25,7 @@ the optimizer `setup` returns; this module reads the task's settings and wires t
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -49,11 +52,35 @@ from towerflow.ps.worker.recovery import Recovery
 from towerflow.strategies._devices import default_device, resolve_device
 from towerflow.strategies.base import Strategy
 
+DENSE_PLACES = _taskenv.PS_DENSE  # where the dense (non-table) parameters train: on the ps tasks, or all-reduced
+
+
+def dense_place(dense: Optional[str], task) -> str:
+    """The `dense=` option, else the launch's `--dense` (TOWERFLOW_PS_DENSE), else 'ps'; checked."""
+    value = dense if dense is not None else (task.ps.dense or "ps")
+    if value not in DENSE_PLACES:
+        raise StrategyError(f"dense={value!r}: expected one of {DENSE_PLACES} ('ps': every parameter on the ps tasks; "
+                            "'allreduce': the tables on the ps tasks, the rest replicated on the workers and all-reduced)")
+    return value
+
+
 class ParameterServerStrategy(Strategy):
     """Variables and optimizer on the ps tasks; workers pull, compute gradients on their device, push."""
 
     name = "parameter_server"
     shared_variables = True
+    dense = "ps"  # where the non-table parameters train ("allreduce": HybridStrategy)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "ParameterServerStrategy":
+        if cls is ParameterServerStrategy:
+            options = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments
+            server = options.get("server") or _server.current()
+            task = server.context if server is not None else options.get("context") or _taskenv.from_environment()
+            if dense_place(options.get("dense"), task) == "allreduce":
+                from towerflow.strategies.hybrid import HybridStrategy  # a subclass: imported on use
+
+                return super().__new__(HybridStrategy)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -71,6 +98,7 @@ class ParameterServerStrategy(Strategy):
         local_steps: Optional[int] = None,
         ps_replicas: Optional[int] = None,
         ps_replica_lag: Optional[int] = None,
+        dense: Optional[str] = None,
         context: Optional["_taskenv.TaskContext"] = None,
     ):
         self._owns_server = server is None and _server.current() is None
@@ -94,6 +122,9 @@ class ParameterServerStrategy(Strategy):
             raise StrategyError(f"{self.server.name} is neither chief nor worker; only those train with parameter servers")
         # The task's settings (towerflow launch --mode ...); arguments win over the environment.
         task = self.server.context
+        if dense_place(dense, task) != self.dense:
+            raise StrategyError(f"dense={dense_place(dense, task)!r} with {type(self).__name__}, which trains the dense "
+                                f"parameters {self.dense!r}: build ParameterServerStrategy(dense=...) instead")
         device = task.identity.device if device is None else device
         mode = mode or task.ps.mode or "async"
         replicas_to_aggregate = task.ps.replicas_to_aggregate if replicas_to_aggregate is None else replicas_to_aggregate
@@ -130,7 +161,7 @@ class ParameterServerStrategy(Strategy):
         super().__init__(torch_device, device_name, num_replicas=len(replicas), replica_id=replicas.index(here),
                          context=task)
         self.client = PSClient(self.server, model_name, replicas.index(here), here == replicas[0], torch_device,
-                               spec, prefetch, on_global_step=self.steps.restore, ps_replicas=ps_replicas,
+                               spec, prefetch, on_global_step=self._on_ps_global_step, ps_replicas=ps_replicas,
                                replica_lag=ps_replica_lag)
         self.ps_replicas = ps_replicas  # 2: each ps task's part mirrored on the next
         self.ps_replica_lag = ps_replica_lag  # > 0: replication runs behind, bounded
@@ -209,6 +240,25 @@ class ParameterServerStrategy(Strategy):
         if meta:
             raise ParameterServerError(f"parameters {meta[:5]} are on the meta device; only embedding tables may be "
                                        "(their rows live on the ps): build the rest of the model on a real device")
+        on_ps = self._dense_on_ps(optimizer, params, table_weights)
+        row_optimizer = None
+        if specs:
+            row_optimizer = sparse_optimizer if sparse_optimizer is not None else row_optimizer_for(optimizer)
+        settings = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        self.client.attach(plan_layout(on_ps, self.num_ps, self.placement, self.partition),
+                           on_ps, type(optimizer), settings, specs, values, row_optimizer,
+                           replan=lambda n: plan_layout(on_ps, n, self.placement, self.partition))
+        del values
+        if tables:
+            self.lookups = TableLookups(model, tables, lambda ids: self.recovery.guarded(lambda: self.client.read_rows(ids)),
+                                        self.device)
+        model = self._replicate_dense(model)
+        if self.recovery.connect() is not None:
+            self.recovery.say_rejoined(self._restarted_at)
+        return model, self._wrap_optimizer(model, optimizer, list(on_ps.values()), lr_schedule, clip_grad_norm)
+
+    def _dense_on_ps(self, optimizer, params: Dict[str, torch.nn.Parameter], table_weights) -> Dict[str, torch.nn.Parameter]:
+        """The parameters the ps tasks hold and train besides the tables: all of them, under one optimizer."""
         groups = optimizer.param_groups
         ids = {id(p) for p in groups[0]["params"]} - table_weights if len(groups) == 1 else set()
         if len(groups) != 1 or ids != {id(p) for p in params.values()}:
@@ -218,22 +268,19 @@ class ParameterServerStrategy(Strategy):
             )
         if params:
             check_optimizer(type(optimizer))
-        row_optimizer = None
-        if specs:
-            row_optimizer = sparse_optimizer if sparse_optimizer is not None else row_optimizer_for(optimizer)
-        settings = {k: v for k, v in groups[0].items() if k != "params"}
-        self.client.attach(plan_layout(params, self.num_ps, self.placement, self.partition),
-                           params, type(optimizer), settings, specs, values, row_optimizer,
-                           replan=lambda n: plan_layout(params, n, self.placement, self.partition))
-        del values
-        if tables:
-            self.lookups = TableLookups(model, tables, lambda ids: self.recovery.guarded(lambda: self.client.read_rows(ids)),
-                                        self.device)
-        if self.recovery.connect() is not None:
-            self.recovery.say_rejoined(self._restarted_at)
-        wrapped = PSOptimizer(optimizer, self.client, self.recovery, list(params.values()), lr_schedule, clip_grad_norm,
-                              self.lookups, self.local_steps)
-        return model, wrapped
+        return params
+
+    def _replicate_dense(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What the workers do with the dense part before they join the ps tasks: nothing, it lives there."""
+        return model
+
+    def _wrap_optimizer(self, model, optimizer, on_ps, lr_schedule, clip_grad_norm):
+        return PSOptimizer(optimizer, self.client, self.recovery, on_ps, lr_schedule, clip_grad_norm, self.lookups,
+                           self.local_steps)
+
+    def _on_ps_global_step(self, step: int) -> None:
+        """The ps tasks' global step, heard with every set of values installed: this worker's global step."""
+        self.steps.restore(step)
 
     def restore_ps_from(self, source: Callable[[], Any]) -> bool:
         """Where the chief finds the ps tasks' state when a ps is lost: `source()` returns
