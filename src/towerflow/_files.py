@@ -24,3 +24,16 @@ EXPORT_TABLES_DIR = "tables"  # tables/NAME/part-00000.parquet: each table's (id
 
 def export_table_file(table: str, shard: int) -> str:
     return f"{EXPORT_TABLES_DIR}/{table}/part-{shard:05d}.parquet"
+
+# Published rows (`towerflow launch --publish-every S`): PUBLISH_DIR/MODEL/ps-T/ per ps task (ps/tables/delta_log.py).
+PUBLISH_SUBDIR = "publish"  # under the logdir when --publish-to is not given
+PUBLISH_MANIFEST = "manifest.json"  # the announced publications; a file it does not name does not count
+PUBLISH_DENSE = "dense.parquet"
+
+
+def publish_task_dir(task: int) -> str:
+    return f"ps-{task}"
+
+
+def publish_entry_dir(seq: int, kind: str) -> str:
+    return f"{seq:08d}-{kind}"

@@ -43,6 +43,9 @@ class LaunchConfig:
     local_steps: Optional[int] = None
     ps_replicas: Optional[int] = None
     ps_replica_lag: Optional[int] = None
+    # the ps tasks publish the rows changed every this many seconds, to this folder (None: LOGDIR/publish)
+    publish_every: Optional[float] = None
+    publish_to: Optional[str] = None
     # a window of each task's training steps under torch.profiler: (from global step, how many)
     profile: Optional[Tuple[int, int]] = None
 

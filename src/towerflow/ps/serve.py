@@ -16,10 +16,13 @@ from typing import Optional, Sequence
 
 import torch
 
+from towerflow import _files
 from towerflow.cluster.server import Server
 from towerflow.ps.server.endpoints import served_here
 from towerflow.ps.server.monitor import PSRecorder
 from towerflow.ps.server.optimizers import warm_up
+from towerflow.ps.server.publisher import Publisher
+from towerflow.ps.tables.delta_log import DeltaLog
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -46,9 +49,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logdir = task.tuning.logdir
     recorder = PSRecorder(logdir, f"ps:{server.task_index}", served.services,
                           restarts=task.identity.restart_count).start() if logdir else None
+    publisher = None
+    if task.ps.publish_every:
+        target = task.ps.publish_to or os.path.join(logdir or ".", _files.PUBLISH_SUBDIR)
+        publisher = Publisher(served.services, lambda model: DeltaLog(target, model, server.task_index),
+                              task.ps.publish_every).start()
     try:
         server.join()
     finally:
+        if publisher is not None:
+            publisher.stop()  # one last publication: the rows of the last steps
         if recorder is not None:
             recorder.stop()
 
