@@ -91,4 +91,4 @@ def _environment_task() -> str:
     from towerflow import taskenv
 
     env = taskenv.current()
-    return f"/job:{env.job_name or 'localhost'}/task:{env.task_index or 0}"
+    return f"/job:{env.identity.job_name or 'localhost'}/task:{env.identity.task_index or 0}"
