@@ -53,7 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if task.ps.publish_every:
         target = task.ps.publish_to or os.path.join(logdir or ".", _files.PUBLISH_SUBDIR)
         publisher = Publisher(served.services, lambda model: DeltaLog(target, model, server.task_index),
-                              task.ps.publish_every).start()
+                              task.ps.publish_every, task=server.name).start()
     try:
         server.join()
     finally:

@@ -15,18 +15,16 @@ after training stops holds every row exactly as the ps does.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from towerflow import _log
 from towerflow.ps.tables import row_files
 from towerflow.ps.tables.delta_log import DELTA, SNAPSHOT, Publication
 from towerflow.ps.tables.row_changes import RowChanges
-
-log = logging.getLogger("towerflow.ps")
 
 
 @dataclasses.dataclass
@@ -43,8 +41,9 @@ class Publisher:
     """Publishes every served model's rows every `every` seconds through `sink(model)` (one sink per model)."""
 
     def __init__(self, services: Callable[[], Dict[str, object]], sink: Callable[[str], object], every: float,
-                 snapshot_every: int = 10, chunk_rows: int = row_files.CHUNK_ROWS):
+                 snapshot_every: int = 10, chunk_rows: int = row_files.CHUNK_ROWS, task: Optional[str] = None):
         self.services = services
+        self.log = _log.get("ps", task)
         self.sink = sink
         self.every = float(every)
         self.snapshot_every = snapshot_every
@@ -73,7 +72,7 @@ class Publisher:
             try:
                 self.publish()
             except Exception:  # a full disk must not end training: say so and try again next time
-                log.exception("publishing the ps rows failed; trying again in %.0f s", self.every)
+                self.log.exception("publishing the ps rows failed; trying again in %.0f s", self.every)
 
     def publish(self) -> List[Publication]:
         """One publication per served model, now."""
@@ -106,6 +105,8 @@ class Publisher:
                     taken[name] = ("rows", (ids, values))
                 else:
                     taken[name] = ("keys", None if full else keys)
+            why = ("its first" if followed.since is None else "its part was restored" if restored else
+                   f"{followed.since} deltas since the last")
             followed.loads = tables.loads if tables else 0
         sink = self._sinks.get(model)
         if sink is None:
@@ -113,6 +114,8 @@ class Publisher:
         kind = SNAPSHOT if full else DELTA
         entry = sink.write(kind, step, time.time(), self._table_chunks(tables, taken), dense)
         followed.since = 0 if full else followed.since + 1
+        if full:
+            self.log.info(f"published snapshot {entry.seq} of {model!r} at global step {step} ({why})")
         return entry
 
     def _table_chunks(self, tables, taken) -> Iterator[Tuple[str, int, Iterator]]:
