@@ -163,3 +163,15 @@ def test_a_publish_killed_half_way_announces_nothing_and_the_restart_goes_on_wit
     store = EmbeddingStore(str(tmp_path))
     store.refresh()
     assert torch.equal(store.table("emb")[1], _live(restarted, "emb")[1])
+
+
+def test_the_last_publication_of_a_stopping_ps_task_is_a_delta_even_when_a_snapshot_is_due(tmp_path):
+    service = _service(0)
+    publisher = _publisher(tmp_path, {"model": service}, snapshot_every=1)
+    publisher.publish()
+    _push(service, [1], [4], 1)
+    publisher.publish()  # a delta
+    _push(service, [2], [6], 2)
+    publisher.stop(final=True)  # a snapshot would be due; the last one stays small
+    kinds = [e.kind for e in delta_log.read_manifest(delta_log.task_dir(str(tmp_path), "model", 0))]
+    assert kinds == ["snapshot", "delta", "delta"]

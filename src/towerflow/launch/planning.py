@@ -13,7 +13,7 @@ import gc
 import os
 import sys
 
-from towerflow import _files, etcd_url, taskenv
+from towerflow import _files, etcd_url, redis_url, taskenv
 from towerflow.cluster.environment import scheduled_slot
 from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
@@ -124,9 +124,13 @@ def check_publish(config: LaunchConfig) -> None:
             raise TowerflowError("--publish-every needs a place to publish to: add --publish-to DIR, or --logdir DIR "
                                  "(the publications then go to DIR/publish)")
         target = os.path.join(config.logdir, _files.PUBLISH_SUBDIR)
-    if "://" in target:
-        raise TowerflowError(f"--publish-to {target}: expected a folder; only files are a publishing target so far")
-    export_publish(config.publish_every, os.path.abspath(target))
+    if redis_url.is_redis_url(target):
+        redis_url.parse_redis_url(target)
+        export_publish(config.publish_every, target)
+    elif "://" in target:
+        raise TowerflowError(f"--publish-to {target}: expected a folder or redis://HOST:PORT/DB")
+    else:
+        export_publish(config.publish_every, os.path.abspath(target))
 
 
 def check_ps_replica_lag(config: LaunchConfig) -> None:

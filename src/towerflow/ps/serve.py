@@ -21,8 +21,7 @@ from towerflow.cluster.server import Server
 from towerflow.ps.server.endpoints import served_here
 from towerflow.ps.server.monitor import PSRecorder
 from towerflow.ps.server.optimizers import warm_up
-from towerflow.ps.server.publisher import Publisher
-from towerflow.ps.tables.delta_log import DeltaLog
+from towerflow.ps.server.publisher import Publisher, sink_for
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -52,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     publisher = None
     if task.ps.publish_every:
         target = task.ps.publish_to or os.path.join(logdir or ".", _files.PUBLISH_SUBDIR)
-        publisher = Publisher(served.services, lambda model: DeltaLog(target, model, server.task_index),
+        publisher = Publisher(served.services, sink_for(target, server.task_index),
                               task.ps.publish_every, task=server.name).start()
     try:
         server.join()

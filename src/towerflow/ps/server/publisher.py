@@ -7,7 +7,8 @@ after every `snapshot_every` deltas a full snapshot, the others a delta of the r
 previous publication; the dense shards go whole every time.
 
 Training is held only while the changed keys are taken and the dense shards copied (under the service's
-lock: a swap and a small copy). The rows themselves are read after the lock is released, in chunks: a row
+lock: a swap and a small copy). The thread runs at a lower priority (`niceness`, Linux): on a host whose cores
+the training fills, a snapshot's gigabytes are written with the cycles training leaves, not taken from it. The rows themselves are read after the lock is released, in chunks: a row
 a push changes meanwhile is marked again and goes out with the next publication, so the last publication
 after training stops holds every row exactly as the ps does.
 """
@@ -15,6 +16,7 @@ after training stops holds every row exactly as the ps does.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -22,8 +24,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from towerflow import _log
+from towerflow.redis_url import is_redis_url, parse_redis_url
 from towerflow.ps.tables import row_files
-from towerflow.ps.tables.delta_log import DELTA, SNAPSHOT, Publication
+from towerflow.ps.tables.delta_log import DELTA, SNAPSHOT, DeltaLog, Publication
 from towerflow.ps.tables.row_changes import RowChanges
 
 
@@ -41,13 +44,15 @@ class Publisher:
     """Publishes every served model's rows every `every` seconds through `sink(model)` (one sink per model)."""
 
     def __init__(self, services: Callable[[], Dict[str, object]], sink: Callable[[str], object], every: float,
-                 snapshot_every: int = 10, chunk_rows: int = row_files.CHUNK_ROWS, task: Optional[str] = None):
+                 snapshot_every: int = 10, chunk_rows: int = row_files.CHUNK_ROWS, task: Optional[str] = None,
+                 niceness: int = 10):
         self.services = services
         self.log = _log.get("ps", task)
         self.sink = sink
         self.every = float(every)
         self.snapshot_every = snapshot_every
         self.chunk_rows = chunk_rows
+        self.niceness = niceness
         self._followed: Dict[str, _Followed] = {}
         self._sinks: Dict[str, object] = {}
         self._stop = threading.Event()
@@ -65,27 +70,32 @@ class Publisher:
         if self._thread is not None:
             self._thread.join()
         if final:
-            self.publish()
+            self.publish(final=True)
 
     def _run(self) -> None:
+        try:  # this thread only (Linux gives each thread its own nice value)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.niceness)
+        except (AttributeError, OSError):
+            pass
         while not self._stop.wait(self.every):
             try:
                 self.publish()
             except Exception:  # a full disk must not end training: say so and try again next time
                 self.log.exception("publishing the ps rows failed; trying again in %.0f s", self.every)
 
-    def publish(self) -> List[Publication]:
-        """One publication per served model, now."""
+    def publish(self, final: bool = False) -> List[Publication]:
+        """One publication per served model, now; `final`: a delta even when a snapshot is due (a ps task
+        stopping must not start writing gigabytes: the launcher stops a ps task 5 s after the workers end)."""
         out = []
         served = {model: followed.service for model, followed in self._followed.items()}  # also once shut down
         served.update(self.services())
         for model, service in served.items():
             started = time.perf_counter()
-            out.append(self._publish(model, service))
+            out.append(self._publish(model, service, final))
             self.seconds.append(time.perf_counter() - started)
         return out
 
-    def _publish(self, model: str, service) -> Publication:
+    def _publish(self, model: str, service, final: bool = False) -> Publication:
         followed = self._followed.get(model)
         if followed is None or followed.service is not service:
             followed = self._followed[model] = _Followed(service)
@@ -94,7 +104,7 @@ class Publisher:
             if tables and followed.changes is None:
                 followed.changes = tables.track_changes()
             restored = bool(tables) and tables.loads != followed.loads
-            full = followed.since is None or restored or followed.since >= self.snapshot_every
+            full = followed.since is None or restored or (followed.since >= self.snapshot_every and not final)
             step = service.coordinator.global_step
             dense = _dense_copy(service)
             taken: Dict[str, Tuple[str, object]] = {}
@@ -149,3 +159,13 @@ def _whole_shard(tables, name: str, chunk_rows: int) -> Iterator[Tuple[torch.Ten
 def _changed_rows(tables, name: str, keys: torch.Tensor, chunk_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
     for start in range(0, keys.numel(), chunk_rows):
         yield tables.rows_now(name, keys[start:start + chunk_rows])
+
+
+def sink_for(target: str, task: int) -> Callable[[str], object]:
+    """Each model's sink for `--publish-to`: a folder (`DeltaLog`) or redis://HOST:PORT/DB (`RedisSink`)."""
+    if is_redis_url(target):
+        from towerflow.ps.server.redis_sink import RedisSink
+
+        parse_redis_url(target)
+        return lambda model: RedisSink(target, model, task)
+    return lambda model: DeltaLog(target, model, task)

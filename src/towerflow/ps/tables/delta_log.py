@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -41,6 +42,8 @@ class Publication:
     tables: Dict[str, str]  # table -> file, relative to the task's folder
     rows: Dict[str, int]
     dense: Optional[str]
+    seconds: float = 0.0  # writing its files took this long
+
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -82,6 +85,7 @@ class DeltaLog:
         """Write one publication's files (tables: (name, dim, chunks of (ids, values))), then announce it."""
         if kind not in (SNAPSHOT, DELTA):
             raise ParameterServerError(f"kind={kind!r}: expected {SNAPSHOT!r} or {DELTA!r}")
+        started = time.perf_counter()
         seq = self.next_seq
         sub = _files.publish_entry_dir(seq, kind)
         files, rows = {}, {}
@@ -93,7 +97,8 @@ class DeltaLog:
         if dense:
             dense_rel = f"{sub}/{_files.PUBLISH_DENSE}"
             write_dense(os.path.join(self.folder, dense_rel), dense)
-        entry = Publication(seq, kind, int(global_step), float(time_s), files, rows, dense_rel)
+        entry = Publication(seq, kind, int(global_step), float(time_s), files, rows, dense_rel,
+                            round(time.perf_counter() - started, 4))
         self.entries.append(entry)
         self._announce()
         self._prune()
