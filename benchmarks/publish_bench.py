@@ -8,6 +8,10 @@ the runs one after another on the same machine. Reported per launch: the samples
 (what the example prints, from its session's start to its end) and, with publishing, each ps task's
 publications (kind, rows, seconds to write); then the median of each variant and their ratio. Each launch's
 output goes to OUT/NAME.log, the figures to OUT/summary.json.
+
+With `--redis`, the publications go to a redis-server the script starts on a free loopback port (in
+memory only, flushed before each launch) instead of files: whether the Redis sink keeps up is each
+publication's write time against the period.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +42,11 @@ def launch(args, publish: bool, log_path: str) -> dict:
     argv = [sys.executable, "-m", "towerflow", "launch", "--ps", "2", "--workers", "2", "--logdir", logdir]
     if publish:
         argv += ["--publish-every", str(args.every)]
+        if args.redis_url:
+            argv += ["--publish-to", args.redis_url]
+            import redis
+
+            redis.Redis.from_url(args.redis_url).flushdb()
     argv += [os.path.join(REPO, "examples", "ctr_ps.py"), "--rows", str(args.rows), "--steps", str(args.steps),
              "--test-size", str(args.test_size)]
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "src"))
@@ -49,7 +59,15 @@ def launch(args, publish: bool, log_path: str) -> dict:
     workers = {int(m.group(1)): float(m.group(4)) for m in WORKER_LINE.finditer(text)}
     out = {"publish": publish, "rc": rc, "wall_s": round(time.time() - started, 1),
            "samples_per_s": sum(workers.values()), "workers": workers}
-    if publish:
+    if publish and args.redis_url:
+        import redis
+
+        client = redis.Redis.from_url(args.redis_url)
+        out["redis"] = {"keys": client.dbsize(), "used_memory_mb": round(client.info("memory")["used_memory"] / 2 ** 20),
+                        "last": {task: {k.decode(): v.decode() for k, v in client.hgetall(f"towerflow:model:ps-{task}").items()}
+                                 for task in (0, 1)}}
+        out["publications_seconds"] = _publish_lines(text)
+    elif publish:
         root = os.path.join(logdir, "publish")
         out["publications"] = {
             task: [{"seq": e.seq, "kind": e.kind, "step": e.global_step, "rows": sum(e.rows.values()),
@@ -61,6 +79,22 @@ def launch(args, publish: bool, log_path: str) -> dict:
     return out
 
 
+def _publish_lines(text: str) -> list:
+    """The snapshots the ps tasks logged (Redis keeps only the last announcement)."""
+    return re.findall(r"published snapshot \d+ of 'model' at global step \d+ \([^)]*\)", text)
+
+
+def _start_redis(scratch: str):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", scratch], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    time.sleep(1.0)
+    return server, f"redis://127.0.0.1:{port}/0"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -70,9 +104,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--scratch", default=tempfile.gettempdir(), help="where the runs' logdirs go (removed after each)")
+    p.add_argument("--redis", action="store_true", help="publish to a redis-server started here instead of files")
     p.add_argument("--out", default=os.path.join(HERE, "results", f"publish_{time.strftime('%Y-%m-%d')}"))
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    redis_server, args.redis_url = _start_redis(args.scratch) if args.redis else (None, None)
     runs = []
     for r in range(args.repeats):
         for publish in ((False, True) if r % 2 == 0 else (True, False)):
@@ -86,6 +122,8 @@ def main() -> None:
                "median_off": statistics.median(off) if off else None, "median_publish": statistics.median(on) if on else None}
     if off and on:
         summary["ratio"] = round(summary["median_publish"] / summary["median_off"], 3)
+    if redis_server is not None:
+        redis_server.kill()
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"median samples/s without publishing {summary['median_off']}, publishing every {args.every:g} s "
