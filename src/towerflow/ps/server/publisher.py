@@ -25,6 +25,7 @@ import torch
 
 from towerflow import _log
 from towerflow.redis_url import is_redis_url, parse_redis_url
+from towerflow.ps.replication_messages import is_part_key
 from towerflow.ps.tables import row_files
 from towerflow.ps.tables.delta_log import DELTA, SNAPSHOT, DeltaLog, Publication
 from towerflow.ps.tables.row_changes import RowChanges
@@ -90,6 +91,8 @@ class Publisher:
         served = {model: followed.service for model, followed in self._followed.items()}  # also once shut down
         served.update(self.services())
         for model, service in served.items():
+            if is_part_key(model):  # a lost task's part this backup serves while promoted: that task publishes it
+                continue
             started = time.perf_counter()
             out.append(self._publish(model, service, final))
             self.seconds.append(time.perf_counter() - started)
