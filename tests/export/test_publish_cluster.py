@@ -75,7 +75,7 @@ def test_a_killed_ps_task_publishes_on_after_its_restart_with_no_gap(launcher, t
     numbers = [s for s, _ in seqs]
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), seqs  # no gap, across the restart
     restart = re.search(r"\[ps:1\] towerflow: /job:ps/task:1: published snapshot (\d+) of 'model' at global step \d+ "
-                        r"\(its first\)", run.err[run.err.index("rejoined the cluster (restart 1)"):])
+                        r"\(its first", run.err[run.err.index("rejoined the cluster (restart 1)"):])
     assert restart and int(restart.group(1)) > before[-1][0], run.describe()  # its first publication is whole
     announced = {_files.publish_entry_dir(s, k) for s, k in seqs} | {_files.PUBLISH_MANIFEST}
     assert set(os.listdir(delta_log.task_dir(str(publish), "model", 1))) == announced  # nothing torn left behind

@@ -175,3 +175,24 @@ def test_the_last_publication_of_a_stopping_ps_task_is_a_delta_even_when_a_snaps
     publisher.stop(final=True)  # a snapshot would be due; the last one stays small
     kinds = [e.kind for e in delta_log.read_manifest(delta_log.task_dir(str(tmp_path), "model", 0))]
     assert kinds == ["snapshot", "delta", "delta"]
+
+
+def test_after_a_failed_publication_the_next_one_is_a_snapshot(tmp_path, monkeypatch):
+    service = _service(0)
+    publisher = _publisher(tmp_path, {"model": service})
+    publisher.publish()
+    _push(service, [1], [4], 1)
+    real = row_files.write_rows
+
+    def disk_full(path, dim, chunks, version=None):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(row_files, "write_rows", disk_full)
+    with pytest.raises(OSError):
+        publisher.publish()  # the rows it took from the record are in no publication
+    monkeypatch.setattr(row_files, "write_rows", real)
+    again = publisher.publish()[0]
+    assert (again.seq, again.kind) == (2, "snapshot")
+    store = EmbeddingStore(str(tmp_path))
+    store.refresh()
+    assert torch.equal(store.table("emb")[1], _live(service, "emb")[1])

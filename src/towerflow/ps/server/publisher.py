@@ -58,7 +58,6 @@ class Publisher:
         self._sinks: Dict[str, object] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self.seconds: List[float] = []  # each publish's duration, for measurements
 
     def start(self) -> "Publisher":
         self._thread = threading.Thread(target=self._run, name="towerflow-publisher", daemon=True)
@@ -93,9 +92,7 @@ class Publisher:
         for model, service in served.items():
             if is_part_key(model):  # a lost task's part this backup serves while promoted: that task publishes it
                 continue
-            started = time.perf_counter()
             out.append(self._publish(model, service, final))
-            self.seconds.append(time.perf_counter() - started)
         return out
 
     def _publish(self, model: str, service, final: bool = False) -> Publication:
@@ -118,14 +115,18 @@ class Publisher:
                     taken[name] = ("rows", (ids, values))
                 else:
                     taken[name] = ("keys", None if full else keys)
-            why = ("its first" if followed.since is None else "its part was restored" if restored else
+            why = ("its first, or the last one failed" if followed.since is None else "its part was restored" if restored else
                    f"{followed.since} deltas since the last")
             followed.loads = tables.loads if tables else 0
         sink = self._sinks.get(model)
         if sink is None:
             sink = self._sinks[model] = self.sink(model)
         kind = SNAPSHOT if full else DELTA
-        entry = sink.write(kind, step, time.time(), self._table_chunks(tables, taken), dense)
+        try:
+            entry = sink.write(kind, step, time.time(), self._table_chunks(tables, taken), dense)
+        except BaseException:
+            followed.since = None  # the rows taken are in no publication: the next one must be a snapshot
+            raise
         followed.since = 0 if full else followed.since + 1
         if full:
             self.log.info(f"published snapshot {entry.seq} of {model!r} at global step {step} ({why})")
