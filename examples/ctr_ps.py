@@ -9,6 +9,7 @@
     towerflow launch --workers 2 examples/ctr_ps.py --rows 100000              # all-reduce, tables on every worker
     towerflow launch --ps 1 --workers 2 examples/ctr_ps.py --data DIR --rows 100000   # from Criteo's files
     towerflow launch --ps 2 --workers 2 examples/ctr_ps.py --data DIR --schema schema.json  # any columns
+    towerflow launch --ps 2 --workers 2 --logdir RUN --publish-every 10 examples/ctr_ps.py  # rows published as they train
 
 With `--data DIR` the model trains from files instead: DIR/train holds Parquet, Arrow IPC or text
 files (CSV, TSV, gzip'd or not), each worker reading its share of them (`strategy.distribute_files`),
@@ -33,6 +34,9 @@ job launched with `--max-restarts 1` survives a killed ps (docs/parameter-server
 `--dense allreduce` (hybrid) only the tables are there: the bottom and top MLPs are replicated on the
 workers and all-reduced every step, and `wire:` counts the rows alone (no dense parameter travels to
 the ps); a global step is then one step of every worker.
+`towerflow export RUN --out DIR` makes the trained model a plain PyTorch state_dict, and
+examples/serve_ctr.py scores these records from it, or from the rows `--publish-every` publishes while it
+trains (docs/serving.md).
 
 Measured in one process (2-core AMD EPYC, 1 thread), adagrad: --rows 100000 --steps 300 reaches
 0.8151 against a best of 0.8228; --rows 1000000 gets within 0.01 of its best in about 200

@@ -51,6 +51,8 @@ ENV_TOWERS_ALLOCATOR = "TOWERFLOW_TOWERS_ALLOCATOR"  # keep (default: towers kee
 ENV_PS_LINK = "TOWERFLOW_PS_LINK"  # shm (default: same-host ps traffic through shared memory) | zmq (always calls over ZeroMQ)
 ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local steps per push of a delta)
 ENV_PS_DENSE = "TOWERFLOW_PS_DENSE"  # --dense: ps (every parameter on the ps tasks) | allreduce (only the tables there)
+ENV_PS_PUBLISH_EVERY = "TOWERFLOW_PS_PUBLISH_EVERY"  # --publish-every S: ps tasks publish changed rows every S seconds
+ENV_PS_PUBLISH_TO = "TOWERFLOW_PS_PUBLISH_TO"  # --publish-to DIR: where (default LOGDIR/publish)
 ENV_PROFILE_FROM = "TOWERFLOW_PROFILE_FROM"  # --profile-steps START: profile each task from this global step on
 ENV_PROFILE_STEPS = "TOWERFLOW_PROFILE_STEPS"  # --profile-steps START:COUNT: how many of its steps
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
@@ -150,6 +152,8 @@ class PsOptions:
     link: str = "shm"  # TOWERFLOW_PS_LINK: how a worker reaches a ps task of its own host
     local_steps: Optional[int] = None
     dense: Optional[str] = None  # TOWERFLOW_PS_DENSE: where the non-table parameters train
+    publish_every: Optional[float] = None  # seconds between the ps tasks' publications of changed rows (None: off)
+    publish_to: Optional[str] = None  # the folder they publish to (None: LOGDIR/publish)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +261,8 @@ def read(env: Mapping[str, str]) -> TaskContext:
             link=_choice(env, ENV_PS_LINK, PS_LINKS) or "shm",
             local_steps=_count(env, ENV_PS_LOCAL_STEPS, minimum=1),
             dense=_choice(env, ENV_PS_DENSE, PS_DENSE),
+            publish_every=_seconds(env, ENV_PS_PUBLISH_EVERY, 0.0) or None,
+            publish_to=env.get(ENV_PS_PUBLISH_TO) or None,
         ),
         tuning=Tuning(
             strategy=env.get(ENV_STRATEGY) or None,

@@ -111,3 +111,20 @@ def test_a_wire_security_the_tasks_would_refuse_stops_the_launch(launch_script, 
     with pytest.raises(TowerflowError, match="TOWERFLOW_WIRE_SECURITY='curve': expected one of encrypt, authenticate"):
         plan_launch(LaunchConfig(script=launch_script, cluster_file=_two_host_cluster(tmp_path, monkeypatch),
                                  job_name="worker", task_index=0))
+
+
+def test_publishing_needs_a_period_and_a_folder(monkeypatch, tmp_path):
+    from towerflow import taskenv
+    from towerflow.launch.planning import check_publish
+
+    monkeypatch.setenv(taskenv.ENV_PS_PUBLISH_EVERY, "")  # empty is unset; what the launch exports is undone after
+    monkeypatch.setenv(taskenv.ENV_PS_PUBLISH_TO, "")
+    with pytest.raises(TowerflowError, match="add --publish-every SECONDS"):
+        check_publish(LaunchConfig(script="t.py", publish_to=str(tmp_path)))
+    with pytest.raises(TowerflowError, match="add --publish-to DIR, or --logdir DIR"):
+        check_publish(LaunchConfig(script="t.py", publish_every=10))
+    with pytest.raises(TowerflowError, match="expected a positive number of seconds"):
+        check_publish(LaunchConfig(script="t.py", publish_every=0, logdir=str(tmp_path)))
+    check_publish(LaunchConfig(script="t.py", publish_every=2.5, logdir=str(tmp_path)))
+    task = taskenv.from_environment()
+    assert task.ps.publish_every == 2.5 and task.ps.publish_to == str(tmp_path / "publish")

@@ -8,7 +8,7 @@ import sys
 from typing import List, Optional
 
 # Subcommand modules, each with `register(subparsers)` that sets `func` on its parser.
-SUBCOMMANDS = ("towerflow.cli.devices", "towerflow.cli.demo", "towerflow.cli.launch", "towerflow.cli.smi", "towerflow.cli.top", "towerflow.cli.report", "towerflow.cli.cluster", "towerflow.cli.data")
+SUBCOMMANDS = ("towerflow.cli.devices", "towerflow.cli.demo", "towerflow.cli.launch", "towerflow.cli.smi", "towerflow.cli.top", "towerflow.cli.report", "towerflow.cli.cluster", "towerflow.cli.data", "towerflow.cli.export")
 
 
 def build_parser() -> argparse.ArgumentParser:

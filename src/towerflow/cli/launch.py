@@ -93,6 +93,12 @@ def register(sub) -> None:
                     help="with --ps-replicas 2 and --mode async: replies may run up to N ops ahead of the backup "
                          "(default 0: each waits for it); a lost ps task then loses at most N acknowledged pushes, "
                          "reported")
+    ps.add_argument("--publish_every", "--publish-every", dest="publish_every", type=float, default=None,
+                    metavar="SECONDS", help="every ps task publishes its table rows changed since its last publication "
+                    "(a numbered Parquet delta; a full snapshot first and every 10 deltas) every SECONDS, while "
+                    "training runs (docs/serving.md)")
+    ps.add_argument("--publish_to", "--publish-to", dest="publish_to", default=None, metavar="DIR",
+                    help="with --publish-every: the folder the publications go to (default: LOGDIR/publish)")
     p.add_argument("--profile_steps", "--profile-steps", dest="profile_steps", type=_profile_steps, default=None,
                    metavar="START[:COUNT]",
                    help="profile COUNT (default 10) of each task's training steps from global step START with "
@@ -145,6 +151,7 @@ def config_of(args) -> LaunchConfig:
         max_restarts=args.max_restarts, logdir=args.logdir, store=args.store, ps_runs_script=args.ps_runs_script, mode=args.mode,
         replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, local_steps=args.local_steps,
         ps_replicas=args.ps_replicas, ps_replica_lag=args.ps_replica_lag, profile=args.profile_steps, dense=args.dense,
+        publish_every=args.publish_every, publish_to=args.publish_to,
     )
 
 

@@ -44,6 +44,9 @@ class LaunchConfig:
     ps_replicas: Optional[int] = None
     ps_replica_lag: Optional[int] = None
     dense: Optional[str] = None  # "allreduce": only the tables on the ps tasks, the rest all-reduced (hybrid)
+    # the ps tasks publish the rows changed every this many seconds, to this folder (None: LOGDIR/publish)
+    publish_every: Optional[float] = None
+    publish_to: Optional[str] = None
     # a window of each task's training steps under torch.profiler: (from global step, how many)
     profile: Optional[Tuple[int, int]] = None
 

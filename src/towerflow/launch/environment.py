@@ -106,6 +106,11 @@ def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], st
             os.environ[name] = str(value)
 
 
+def export_publish(every: float, to: str) -> None:
+    """--publish-every S [--publish-to DIR]: every ps task publishes its changed rows there every S seconds."""
+    os.environ[_te.ENV_PS_PUBLISH_EVERY], os.environ[_te.ENV_PS_PUBLISH_TO] = repr(float(every)), to
+
+
 def export_profile(start: int, steps: int) -> None:
     """--profile-steps START:COUNT: every task's MonitoredTrainingSession profiles that window of its steps."""
     os.environ[_te.ENV_PROFILE_FROM], os.environ[_te.ENV_PROFILE_STEPS] = str(start), str(steps)

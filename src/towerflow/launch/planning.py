@@ -12,13 +12,13 @@ import dataclasses
 import gc
 import os
 
-from towerflow import _log, etcd_url, taskenv
+from towerflow import _files, _log, etcd_url, redis_url, taskenv
 from towerflow.cluster.environment import scheduled_slot
 from towerflow.cluster.schedulers import Roles
 from towerflow.cluster.spec import ClusterSpec, canonical_host, split_address
 from towerflow.errors import LaunchError, TowerflowError
 from towerflow.launch.config import LaunchConfig
-from towerflow.launch.environment import export_profile, export_ps_mode, has_token, wire_security
+from towerflow.launch.environment import export_profile, export_ps_mode, export_publish, has_token, wire_security
 from towerflow.launch.local import LaunchPlan, command_for, plan_local, plan_one
 from towerflow.launch.scheduled import plan_scheduled
 from towerflow.launch.supervisor import Supervisor
@@ -34,6 +34,7 @@ def plan_launch(config: LaunchConfig) -> LaunchPlan:
             raise TowerflowError(f"--profile-steps {':'.join(map(str, config.profile))} writes each task's trace and "
                                  "table under the logdir: add --logdir DIR (they go to DIR/profile)")
         export_profile(*config.profile)
+    check_publish(config)
     ps_argv = argv if config.ps_runs_script else None
     logdir = os.path.abspath(config.logdir) if config.logdir else None
     store = etcd_url.parse_etcd_url(config.store, "--store").url() if config.store else None
@@ -122,6 +123,31 @@ def check_ps_replicas(config: LaunchConfig, has_ps: bool) -> None:
             f"--ps-replicas {n} with --ps {config.ps}: expected 1 (each ps task's part on it alone) or "
             f"{taskenv.MAX_PS_REPLICAS} (and a mirror on the next ps task), and no more than the ps tasks; use "
             f"--ps-replicas 2 with --ps 2 or more")
+
+
+def check_publish(config: LaunchConfig) -> None:
+    """--publish-every S [--publish-to DIR]: a positive period and a folder, handed to every task."""
+    if config.publish_every is None:
+        if config.publish_to is not None:
+            raise TowerflowError(f"--publish-to {config.publish_to} says where the ps tasks publish, but nothing asks "
+                                 "them to: add --publish-every SECONDS")
+        return
+    if not config.publish_every > 0:
+        raise TowerflowError(f"--publish-every {config.publish_every:g}: expected a positive number of seconds between "
+                             "publications, e.g. --publish-every 10")
+    target = config.publish_to
+    if target is None:
+        if not config.logdir:
+            raise TowerflowError("--publish-every needs a place to publish to: add --publish-to DIR, or --logdir DIR "
+                                 "(the publications then go to DIR/publish)")
+        target = os.path.join(config.logdir, _files.PUBLISH_SUBDIR)
+    if redis_url.is_redis_url(target):
+        redis_url.parse_redis_url(target)
+        export_publish(config.publish_every, target)
+    elif "://" in target:
+        raise TowerflowError(f"--publish-to {target}: expected a folder or redis://HOST:PORT/DB")
+    else:
+        export_publish(config.publish_every, os.path.abspath(target))
 
 
 def check_ps_replica_lag(config: LaunchConfig) -> None:

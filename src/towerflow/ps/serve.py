@@ -16,11 +16,13 @@ from typing import Optional, Sequence
 
 import torch
 
+from towerflow import _files
 from towerflow.cluster.server import Server
 from towerflow.ps.server.endpoints import served_here
 from towerflow.ps.server.monitor import PSRecorder
 from towerflow.taskenv import TaskContext
 from towerflow.ps.server.optimizers import warm_up
+from towerflow.ps.server.publisher import Publisher, sink_for
 
 
 def main(argv: Optional[Sequence[str]] = None, context: Optional[TaskContext] = None) -> None:
@@ -48,9 +50,16 @@ def main(argv: Optional[Sequence[str]] = None, context: Optional[TaskContext] = 
     logdir = task.tuning.logdir
     recorder = PSRecorder(logdir, f"ps:{server.task_index}", served.services,
                           restarts=task.identity.restart_count).start() if logdir else None
+    publisher = None
+    if task.ps.publish_every:
+        target = task.ps.publish_to or os.path.join(logdir or ".", _files.PUBLISH_SUBDIR)
+        publisher = Publisher(served.services, sink_for(target, server.task_index),
+                              task.ps.publish_every, task=server.name).start()
     try:
         server.join()
     finally:
+        if publisher is not None:
+            publisher.stop()  # one last publication: the rows of the last steps
         if recorder is not None:
             recorder.stop()
 

@@ -137,6 +137,10 @@ class CheckpointManager:
         """Every checkpoint with a manifest, oldest first (validity is checked on restore)."""
         return self._manifests()
 
+    def problem(self, info: CheckpointInfo) -> Optional[str]:
+        """Why `info` cannot be used (payload missing, size or checksum off), or None when it is intact."""
+        return self._problem(info)
+
     def _problem(self, info: CheckpointInfo) -> Optional[str]:
         if not os.path.exists(info.path):
             return "its payload file is missing"

@@ -86,6 +86,11 @@ class ShardService:
         self.started = time.monotonic()
         self._nbytes = sum(f.numel() * f.element_size() for f in self.flats)
 
+    @property
+    def lock(self) -> threading.Lock:
+        """The lock every change of this service's state holds (a publisher takes its changed rows under it)."""
+        return self._lock
+
     # ---- pulls
     def pull(self, worker: int, clock: int = 0, after_step: int = 0) -> torch.futures.Future:
         """A future of `Pulled`; it completes now or when the policy lets the worker go."""

@@ -16,6 +16,7 @@ import torch
 
 from towerflow.errors import ParameterServerError
 from towerflow.ps.tables import TableSpec
+from towerflow.ps.tables.row_changes import RowChanges
 from towerflow.ps.tables.row_optimizers import RowOptimizer
 from towerflow.ps.tables.rows import FixedRows
 from towerflow.ps.tables.vocabulary import HashRows
@@ -60,6 +61,8 @@ class TableShards:
         self.optimizer = optimizer
         self.stores = {s.name: make_store(s, task, optimizer, values.get(s.name)) for s in specs}
         self._held: Dict[str, List[Tuple[torch.Tensor, torch.Tensor]]] = {}  # sync: rows of held pushes
+        self.changes: Optional[RowChanges] = None  # publishing on: the rows changed since the last publish
+        self.loads = 0  # restores so far: after one, a publisher writes a full snapshot
 
     def __bool__(self) -> bool:
         return bool(self.stores)
@@ -82,7 +85,12 @@ class TableShards:
         out = []
         for table, k in zip(tables, keys):
             store = self._store(table)
-            out.append(store.read(k, step, count) if self.specs[table].is_hash else store.read(k))
+            if self.specs[table].is_hash:
+                out.append(store.read(k, step, count))
+                if count and self.changes is not None:  # a read may admit an id: a new row
+                    self.changes.mark(table, k)
+            else:
+                out.append(store.read(k))
         return out
 
     def apply(self, tables: Sequence[str], keys: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
@@ -97,6 +105,8 @@ class TableShards:
             store.apply(keys, grads, step, lr=lr, lr_scale=lr_scale)
         else:
             store.apply(keys, grads, lr=lr, lr_scale=lr_scale)
+        if self.changes is not None:
+            self.changes.mark(table, keys)
 
     def hold(self, tables: Sequence[str], keys: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
         """Keep a sync push's rows for the aggregated update of this step."""
@@ -136,6 +146,24 @@ class TableShards:
         for name, store in self.stores.items():
             store.load_state_dict(state[name]["state"])
         self._held = {}
+        self.loads += 1
+
+    # ---- publishing (ps/server/publisher.py)
+    def track_changes(self) -> RowChanges:
+        """Start recording the rows each push changes (call under the service's lock)."""
+        self.changes = RowChanges(self.specs, self.task)
+        return self.changes
+
+    def fixed_values(self, table: str) -> torch.Tensor:
+        """A fixed table shard's live values (not a copy: read it in chunks; rows changed meanwhile are marked)."""
+        return self._store(table).values
+
+    def rows_now(self, table: str, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(global ids, rows) of these local keys, copies; for a hash table only the ids that still have rows."""
+        spec, store = self.specs[table], self._store(table)
+        if spec.is_hash:
+            return store.peek(keys)
+        return spec.global_ids(self.task, keys), store.values.index_select(0, keys)
 
     def values(self) -> Dict[str, torch.Tensor]:
         """This task's shard of every fixed table, by table name (copies), for checks."""

@@ -180,6 +180,14 @@ class HashRows:
         self._touched.index_fill_(0, slots, step)
         return self._values.index_select(0, slots)
 
+    def peek(self, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(those of `ids` that have rows, their rows), copies; nothing counted, admitted or touched (a publisher's
+        read)."""
+        ids = check_ids(ids, "HashRows.peek")
+        slots = self._slot_of.lookup(ids)
+        hit = (slots >= 0).nonzero().squeeze(1)
+        return ids.index_select(0, hit), self._values.index_select(0, slots.index_select(0, hit))
+
     def apply(self, ids: torch.Tensor, grads: torch.Tensor, step: int, lr: Optional[float] = None,
               lr_scale: float = 1.0) -> None:
         """One update of the rows of `ids` (unique) that exist, with their coalesced gradients; the rest are dropped."""
