@@ -1,7 +1,8 @@
 """examples/ctr_ps.py in hybrid mode (`--dense allreduce`): the tables on 2 ps tasks in each update mode, the
 MLPs all-reduced among the workers. Each run reaches the planted model's best AUC within 0.01, and what a
-step sends to the ps tasks is the touched rows and their int32 keys alone (no dense parameter travels). A
-worker killed mid-run restarts both workers, and the run ends within 0.005 of the AUC of one left alone."""
+step sends to the ps tasks is the touched rows and their keys alone, at most 1.05x the rows (no dense
+parameter travels). A worker killed mid-run restarts both workers, and the run ends within 0.005 of the AUC
+of one left alone."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def test_the_ctr_example_in_hybrid_mode_reaches_the_best_auc(launcher, workers, 
     auc, best = (float(v) for v in re.search(r"test auc: ([\d.]+) \(best possible: ([\d.]+)\)", run.out).groups())
     assert auc > best - 0.01, run.out
     moved, minimum = (int(v) for v in re.search(r"wire: (\d+) bytes/step \(minimum (\d+)\)", run.out).groups())
-    # the rows (dim 16, float32: 64 bytes) read and pushed, each with its int32 key: 68/64 of the minimum
-    assert minimum <= moved <= minimum * 68 / 64 * 1.005, run.out
+    # the rows (dim 16, float32: 64 bytes) read and pushed, each with its key as a one- or two-byte step
+    assert minimum <= moved <= minimum * 1.05, run.out
 
 
 def _auc(out: str) -> float:

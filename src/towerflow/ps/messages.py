@@ -19,6 +19,8 @@ import torch
 
 from towerflow.cluster.calls import wire
 from towerflow.errors import ParameterServerError
+from towerflow.ps import key_steps
+from towerflow.ps.key_steps import WireKeys
 from towerflow.ps.layout import ShardSpec
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.tables.row_optimizers import RowOptimizer
@@ -127,8 +129,15 @@ class RowRead:
 
     worker: int
     tables: Tuple[str, ...]
-    keys: Tuple[torch.Tensor, ...]
+    keys: Tuple[WireKeys, ...]  # as they travel (`ps/key_steps.py`); `local_keys()` unpacks them
     number: int = 0
+
+    def local_keys(self) -> Tuple[torch.Tensor, ...]:
+        return key_steps.unpack_all(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(key_steps.nbytes(k) for k in self.keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,12 +145,15 @@ class RowPush:
     """A push's table part: each table's unique local keys and their gradient rows (coalesced)."""
 
     tables: Tuple[str, ...]
-    keys: Tuple[torch.Tensor, ...]
+    keys: Tuple[WireKeys, ...]  # as they travel (`ps/key_steps.py`); `local_keys()` unpacks them
     grads: Tuple[torch.Tensor, ...]
+
+    def local_keys(self) -> Tuple[torch.Tensor, ...]:
+        return key_steps.unpack_all(self.keys)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.grads))
+        return sum(key_steps.nbytes(k) for k in self.keys) + sum(g.numel() * g.element_size() for g in self.grads)
 
 
 # What a push carries: "grad", gradients for the ps's optimizer; "delta", a local-steps (geo) worker's

@@ -119,10 +119,11 @@ class ShardService:
                 if not again:
                     self.replica.forward(RowsReadOp(request))
                     self.reads[request.worker] = request.number
-                out = self.tables.read(request.tables, request.keys, self.coordinator.global_step, count=not again)
+                out = self.tables.read(request.tables, request.local_keys(), self.coordinator.global_step,
+                                       count=not again)
         else:  # fixed tables are read as the dense values are: without waiting for an update (use_locking=False)
-            out = self.tables.read(request.tables, request.keys, self.coordinator.global_step)
-        self.bytes_in[request.worker] += sum(k.numel() * k.element_size() for k in request.keys)
+            out = self.tables.read(request.tables, request.local_keys(), self.coordinator.global_step)
+        self.bytes_in[request.worker] += request.nbytes
         self.bytes_out[request.worker] += sum(r.numel() * r.element_size() for r in out)
         return out
 
@@ -240,7 +241,7 @@ class ShardService:
 
     def _hold_rows(self, rows: Optional[RowPush]) -> None:
         if rows is not None and self.tables:
-            self.tables.hold(rows.tables, rows.keys, rows.grads)
+            self.tables.hold(rows.tables, rows.local_keys(), rows.grads)
 
     def _add_to_sum(self, grads: Sequence[torch.Tensor]) -> None:
         if not self.flats:
@@ -271,7 +272,7 @@ class ShardService:
             if held:
                 self.tables.apply_held(held, self.lr, lr_scale, step)
             elif rows is not None:
-                self.tables.apply(rows.tables, rows.keys, rows.grads, self.lr, lr_scale, step)
+                self.tables.apply(rows.tables, rows.local_keys(), rows.grads, self.lr, lr_scale, step)
             self.tables.evict(step)
         if self.optimizer is None:
             return

@@ -11,6 +11,7 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
+from towerflow.ps import key_steps
 from towerflow.ps.messages import Endpoints, RowRead
 from towerflow.ps.tables import TableSpec
 from towerflow.ps.worker import rows as _rows
@@ -40,7 +41,7 @@ class RowReader:
             rows = self.calls.wait(ch, future)
             for (name, mask, keys), r in zip(parts, rows):
                 out[name][mask] = r
-                self.counters.pulled(ch.task, keys.numel() * keys.element_size() + r.numel() * r.element_size())
+                self.counters.pulled(ch.task, key_steps.nbytes(keys) + r.numel() * r.element_size())
         self.reads += 1
         if self.device.type != "cpu":
             out = {name: r.to(self.device, non_blocking=True) for name, r in out.items()}

@@ -8,10 +8,11 @@ from typing import Dict, Mapping, Tuple
 
 import torch
 
+from towerflow.ps import key_steps
 from towerflow.ps.messages import RowPush
 from towerflow.ps.tables import TableSpec
 
-# {task: [(table, mask into the table's ids, the ids' keys on that task)]}
+# {task: [(table, mask into the table's ids, the ids' keys on that task, packed for the wire)]}
 Routing = Dict[int, list]
 
 
@@ -24,7 +25,7 @@ def route(tables: Mapping[str, TableSpec], ids_by_table: Mapping[str, torch.Tens
         shard, local = spec.route(ids)
         for task in range(spec.num_shards):
             mask = shard == task
-            out[task].append((name, mask, local[mask].to(spec.wire_dtype())))
+            out[task].append((name, mask, key_steps.pack(local[mask].to(spec.wire_dtype()))))
     return out
 
 
