@@ -8,7 +8,9 @@ Keys, for model MODEL and ps task T:
                                     announced, written after all its rows
 
 The rows go in pipelined batches (an MSET of `batch_rows` rows each, not in a MULTI: a reader may see part
-of a publication's rows, each row whole). Every row of a table shard lives on one ps task and only that
+of a publication's rows, each row whole). A batch's keys and values are made by numpy at once, and redis-py
+packs the commands (in C with `hiredis`, which the serving extra installs): about 1 CPU second per million
+rows in this process and as much in the server (benchmarks/redis_sink_rows.py). Every row of a table shard lives on one ps task and only that
 task writes it, in publication order, so a row's value is always its newest. The numbering goes on from
 the `ps-T` key after a restart, as the file log's does. Evicted hash rows are not deleted from Redis.
 """
@@ -62,7 +64,7 @@ class RedisSink:
         pipe = self.client.pipeline(transaction=False)
         for name, _dim, chunks in tables:
             written = 0
-            prefix = f"{PREFIX}:{self.model}:{name}:"
+            prefix = f"{PREFIX}:{self.model}:{name}:".encode()
             for ids, values in chunks:
                 for start in range(0, ids.numel(), self.batch_rows):
                     pipe.execute_command("MSET", *_pairs(prefix, ids[start:start + self.batch_rows],
@@ -94,14 +96,16 @@ def decode_row(value: bytes) -> Tuple[int, torch.Tensor]:
     return version, torch.from_numpy(np.frombuffer(value[8:], dtype="<f4").copy())
 
 
-def _pairs(prefix: str, ids: torch.Tensor, values: torch.Tensor, version: int) -> list:
-    """MSET's arguments for rows: key, value, key, value, ... (one Python step per row, no more)."""
+def _pairs(prefix: bytes, ids: torch.Tensor, values: torch.Tensor, version: int) -> list:
+    """MSET's arguments for rows: key, value, key, value, ... as bytes, built by numpy for the batch at once (the
+    client packs them into the protocol)."""
     n = ids.numel()
     vectors = values.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
-    packed = np.empty((n, 8 + vectors.shape[1] * 4), dtype=np.uint8)
+    width = 8 + vectors.shape[1] * 4
+    packed = np.empty((n, width), dtype=np.uint8)
     packed[:, :8] = np.full(n, version, dtype="<i8").view(np.uint8).reshape(n, 8)
     packed[:, 8:] = vectors.view(np.uint8).reshape(n, -1)
     out: list = [None] * (2 * n)
-    out[0::2] = [f"{prefix}{i}" for i in ids.tolist()]
-    out[1::2] = [row.tobytes() for row in packed]
+    out[0::2] = np.char.add(prefix, ids.detach().cpu().numpy().astype("S")).tolist()
+    out[1::2] = packed.view(f"V{width}").reshape(n).tolist()  # void, not "S": bytes keep their trailing zeros
     return out
