@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from towerflow import _files
+from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import plan_layout
 from towerflow.ps.messages import RowPush, Ticket
 from towerflow.ps.policies import AsyncPolicy
@@ -196,3 +197,69 @@ def test_after_a_failed_publication_the_next_one_is_a_snapshot(tmp_path, monkeyp
     store = EmbeddingStore(str(tmp_path))
     store.refresh()
     assert torch.equal(store.table("emb")[1], _live(service, "emb")[1])
+
+
+def test_a_file_snapshot_comes_once_the_deltas_since_hold_as_many_rows_as_a_snapshot_not_before(tmp_path):
+    service = _service(0)  # ps 0 holds 25 rows of emb and, with no hash ids read, no hashed rows: a snapshot is 25
+    publisher = _publisher(tmp_path, {"model": service}, snapshot_every=None)
+    publisher.publish()
+    for step in range(1, 14):  # 5 rows a delta: the deltas since the last snapshot reach 25 rows after 5 of them
+        _push(service, [(5 * step + k) % 25 for k in range(5)], [], step)
+        publisher.publish()
+    entries = delta_log.read_manifest(delta_log.task_dir(str(tmp_path), "model", 0))
+    assert [e.rows["emb"] for e in entries if e.kind == "delta"][:2] == [5, 5]
+    # 3 snapshots (1, 7, 13) written, the newest 2 kept with the deltas after the older one (keep_snapshots=2)
+    assert [(e.seq, e.kind[0]) for e in entries] == [(7, "s"), (8, "d"), (9, "d"), (10, "d"), (11, "d"), (12, "d"),
+                                                     (13, "s"), (14, "d")]
+    folder = delta_log.task_dir(str(tmp_path), "model", 0)
+    assert sorted(os.listdir(folder)) == sorted([_files.publish_entry_dir(e.seq, e.kind) for e in entries]
+                                                + [_files.PUBLISH_MANIFEST])  # the older ones' files are gone
+    store = EmbeddingStore(str(tmp_path))
+    store.refresh()
+    live_ids, live_values = _live(service, "emb")
+    ids, values = store.table("emb")
+    assert torch.equal(ids, live_ids) and torch.equal(values, live_values)
+
+
+def test_an_explicit_snapshot_every_k_deltas_still_holds(tmp_path):
+    service = _service(0)
+    publisher = _publisher(tmp_path, {"model": service}, snapshot_every=2)
+    publisher.publish()
+    for step in range(1, 7):
+        _push(service, [step], [], step)  # one row a delta: the volume rule would take no snapshot here
+        publisher.publish()
+    entries = delta_log.read_manifest(delta_log.task_dir(str(tmp_path), "model", 0))
+    assert [(e.seq, e.kind[0]) for e in entries] == [(4, "s"), (5, "d"), (6, "d"), (7, "s")]  # 1 S, 2-3 D: pruned
+    with pytest.raises(ParameterServerError, match="snapshot_every=0"):
+        _publisher(tmp_path, {"model": service}, snapshot_every=0)
+
+
+class _KindsSink:
+    """A sink like Redis's: each key keeps its newest value, so it asks for no periodic snapshot."""
+
+    periodic_snapshots = False
+
+    def __init__(self):
+        self.kinds = []
+
+    def write(self, kind, global_step, time_s, tables, dense, evicted=None):
+        rows = {name: sum(ids.numel() for ids, _ in chunks) for name, _dim, chunks in tables}
+        self.kinds.append(kind)
+        return delta_log.Publication(len(self.kinds), kind, global_step, time_s, {}, rows, None)
+
+
+def test_a_sink_that_keeps_the_newest_values_gets_a_snapshot_only_first_and_after_a_restore():
+    from towerflow.ps.server.redis_sink import RedisSink
+
+    assert RedisSink.periodic_snapshots is False and DeltaLog.periodic_snapshots is True
+    service, sink = _service(0), _KindsSink()
+    publisher = Publisher(lambda: {"model": service}, lambda model: sink, every=3600, snapshot_every=1)
+    publisher.publish()
+    for step in range(1, 5):
+        _push(service, list(range(25)), [], step)  # whole-table deltas: by rows or by count a file log would snapshot
+        publisher.publish()
+    service.tables.load_state_dict(service.tables.state_dict())  # restored from a checkpoint
+    publisher.publish()
+    _push(service, [1], [], 5)
+    publisher.publish()
+    assert sink.kinds == ["snapshot", "delta", "delta", "delta", "delta", "snapshot", "delta"]

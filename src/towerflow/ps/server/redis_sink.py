@@ -42,6 +42,8 @@ def task_key(model: str, task: int) -> str:
 class RedisSink:
     """One ps task's publications of one model, written to Redis (the `DeltaLog` interface)."""
 
+    periodic_snapshots = False  # each key holds its row's newest value: a snapshot would re-write it for nothing
+
     def __init__(self, url: str, model: str, task: int, batch_rows: int = 4096):
         try:
             import redis

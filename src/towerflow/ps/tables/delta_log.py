@@ -66,6 +66,8 @@ def read_manifest(folder: str) -> List[Publication]:
 class DeltaLog:
     """The writer of one ps task's publications (one writer per folder: the ps task that holds the part)."""
 
+    periodic_snapshots = True  # a reader starts from a snapshot and reads the deltas after it: keep that short
+
     def __init__(self, root: str, model: str, task: int, keep_snapshots: int = 2):
         if keep_snapshots < 1:
             raise ParameterServerError(f"keep_snapshots={keep_snapshots!r}: expected at least 1")

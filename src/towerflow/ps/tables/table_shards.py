@@ -154,6 +154,11 @@ class TableShards:
         self.changes = RowChanges(self.specs, self.task)
         return self.changes
 
+    @property
+    def rows_held(self) -> int:
+        """Rows of every table shard held now (what a snapshot holds)."""
+        return sum(store.rows_held for store in self.stores.values())
+
     def fixed_values(self, table: str) -> torch.Tensor:
         """A fixed table shard's live values (not a copy: read it in chunks; rows changed meanwhile are marked)."""
         return self._store(table).values
