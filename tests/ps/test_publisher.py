@@ -28,9 +28,9 @@ pytest.importorskip("pyarrow")
 ROWS, DIM, NUM_PS = 50, 4, 2
 
 
-def _service(task: int) -> ShardService:
+def _service(task: int, evict_after=None) -> ShardService:
     specs = [TableSpec("emb", ROWS, DIM, torch.float32, NUM_PS, seed=1),
-             TableSpec("hashed", None, DIM, torch.float32, NUM_PS, "hash", init_std=0.1)]
+             TableSpec("hashed", None, DIM, torch.float32, NUM_PS, "hash", init_std=0.1, evict_after=evict_after)]
     values = {"w": torch.arange(6.0).reshape(3, 2), "b": torch.ones(3)}
     layout = plan_layout(values, NUM_PS)
     return ShardService(layout.on_task(task), layout.pack(task, values), torch.optim.SGD, {"lr": 0.1}, AsyncPolicy(), 1,
@@ -263,3 +263,61 @@ def test_a_sink_that_keeps_the_newest_values_gets_a_snapshot_only_first_and_afte
     _push(service, [1], [], 5)
     publisher.publish()
     assert sink.kinds == ["snapshot", "delta", "delta", "delta", "delta", "snapshot", "delta"]
+
+
+def _evicting_run(publisher, service, steps=12):
+    """Hash ids admitted in a moving window, so that older ones are evicted (evict_after=2), id 0 read again every
+    third step (evicted, then admitted again, also between two publications); a publication after every other step."""
+    publisher.publish()
+    for step in range(1, steps + 1):
+        _push(service, [step % 25], [0, 100 + 2 * step] if step % 3 == 0 else [100 + 2 * step, 102 + 2 * step], step)
+        if step % 2 == 0:
+            publisher.publish()
+    assert service.tables.stores["hashed"].evicted >= 5  # evictions did happen
+
+
+def test_a_snapshot_plus_deltas_equal_a_hash_table_with_evictions_exactly(tmp_path):
+    service = _service(0, evict_after=2)
+    publisher = _publisher(tmp_path, {"model": service})
+    _evicting_run(publisher, service)
+    folder = delta_log.task_dir(str(tmp_path), "model", 0)
+    entries = delta_log.read_manifest(folder)
+    with_evictions = [e for e in entries if e.evicted]
+    assert with_evictions and all(e.kind == "delta" for e in with_evictions)
+    evicted_ever = set()
+    for entry in with_evictions:
+        gone = row_files.read_ids(os.path.join(folder, entry.evicted["hashed"]))
+        rows = row_files.read_rows(os.path.join(folder, entry.tables["hashed"]))[0]
+        assert gone.numel() == entry.evicted_rows["hashed"] > 0
+        assert not set(gone.tolist()) & set(rows.tolist())  # an id admitted again since goes as a row only
+        evicted_ever |= set(gone.tolist())
+
+    store = EmbeddingStore(str(tmp_path))
+    store.refresh()
+    ids, values = store.table("hashed")
+    live_ids, live_values = _live(service, "hashed")
+    assert torch.equal(ids, live_ids) and torch.equal(values, live_values)  # no row the live table dropped
+    assert 0 in evicted_ever and 0 in ids.tolist()  # evicted, admitted again: held, with its new row
+    assert not store.apply(0, folder, with_evictions[0])  # applied already: nothing changes
+    again = EmbeddingStore(str(tmp_path))  # each delta applied on its own, an eviction of ids it does not hold too
+    for entry in entries:
+        again.apply(0, folder, entry)
+    assert torch.equal(again.table("hashed")[0], live_ids)
+
+
+def test_the_redis_sink_deletes_the_keys_of_evicted_hash_rows(tmp_path, redis_url):
+    import redis
+
+    from towerflow.ps.server.redis_sink import RedisSink
+    from towerflow.serving import RedisRows
+
+    service = _service(0, evict_after=2)
+    publisher = Publisher(lambda: {"model": service}, lambda model: RedisSink(redis_url, model, 0), every=3600,
+                          chunk_rows=7)
+    _evicting_run(publisher, service)
+    client = redis.Redis.from_url(redis_url)
+    held = sorted(int(k.rsplit(b":", 1)[1]) for k in client.scan_iter(match="towerflow:model:hashed:*"))
+    live_ids, live_values = _live(service, "hashed")
+    assert held == live_ids.tolist()  # every evicted id's key is gone, every live one is there
+    rows, versions = RedisRows(redis_url).lookup("hashed", live_ids, DIM)
+    assert torch.equal(rows, live_values) and int(versions.min()) >= 1

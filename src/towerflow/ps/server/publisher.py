@@ -3,7 +3,7 @@
 `towerflow launch --publish-every S` makes every ps task run a `Publisher`: a daemon thread that, every S
 seconds, writes for each model it serves a numbered publication to its `DeltaLog` (`ps/tables/delta_log.py`)
 or another sink with the same `write`: the first one after it starts (or after the part was restored) a full
-snapshot, the others a delta of the rows changed since the previous publication; the dense shards go whole
+snapshot, the others a delta of the rows changed since the previous publication (and the ids of hash rows evicted since); the dense shards go whole
 every time.
 
 A sink whose store keeps only each row's newest value (Redis: `periodic_snapshots = False`) gets no other
@@ -125,11 +125,17 @@ class Publisher:
             step = service.coordinator.global_step
             dense = _dense_copy(service)
             taken: Dict[str, Tuple[str, object]] = {}
+            evicted: Dict[str, torch.Tensor] = {}
             for name, spec in (tables.specs.items() if tables else ()):
                 keys = followed.changes.take(name)  # a snapshot starts the record over too
                 if spec.is_hash:  # its rows move as ids are admitted and evicted: copied here, under the lock
                     ids, values = (tables.stores[name].export()[:2] if full else tables.rows_now(name, keys))
                     taken[name] = ("rows", (ids, values))
+                    gone = followed.changes.take_evicted(name)
+                    if not full and gone.numel():  # those admitted again since are in `ids`, with their new rows
+                        gone = gone[~torch.isin(gone, tables.rows_now(name, gone)[0])]
+                        if gone.numel():
+                            evicted[name] = gone
                 else:
                     taken[name] = ("keys", None if full else keys)
             why = ("its first, or the last one failed" if followed.since is None else "its part was restored" if restored else
@@ -137,12 +143,13 @@ class Publisher:
             followed.loads = tables.loads if tables else 0
         kind = SNAPSHOT if full else DELTA
         try:
-            entry = sink.write(kind, step, time.time(), self._table_chunks(tables, taken), dense)
+            entry = sink.write(kind, step, time.time(), self._table_chunks(tables, taken), dense, evicted)
         except BaseException:
             followed.since = None  # the rows taken are in no publication: the next one must be a snapshot
             raise
         followed.since = 0 if full else followed.since + 1
-        followed.rows_since = 0 if full else followed.rows_since + sum(entry.rows.values())
+        followed.rows_since = 0 if full else (followed.rows_since + sum(entry.rows.values())
+                                              + sum(entry.evicted_rows.values()))
         if full:
             self.log.info(f"published snapshot {entry.seq} of {model!r} at global step {step} ({why})")
         return entry
