@@ -95,6 +95,42 @@ def launcher(procs):
     return procs
 
 
+@pytest.fixture
+def redis_url(tmp_path):
+    """A redis-server of its own on a free loopback port, in memory only; stopped after the test."""
+    import shutil
+    import socket
+    import subprocess
+
+    from _cluster_procs import wait_until
+
+    redis = pytest.importorskip("redis")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (tools/install_schedulers.sh installs it)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                               "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    client = redis.Redis(host="127.0.0.1", port=port)
+
+    def up():
+        try:
+            return client.ping()
+        except redis.ConnectionError:
+            return server.poll() is not None
+
+    try:
+        wait_until(up, 20, "redis-server to answer")
+        assert server.poll() is None, "redis-server exited at start"
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.kill()
+        server.wait(10)
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

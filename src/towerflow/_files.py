@@ -29,6 +29,7 @@ def export_table_file(table: str, shard: int) -> str:
 PUBLISH_SUBDIR = "publish"  # under the logdir when --publish-to is not given
 PUBLISH_MANIFEST = "manifest.json"  # the announced publications; a file it does not name does not count
 PUBLISH_DENSE = "dense.parquet"
+PUBLISH_EVICTED_SUFFIX = ".evicted.parquet"  # TABLE.evicted.parquet: a delta's ids of evicted hash rows
 
 
 def publish_task_dir(task: int) -> str:

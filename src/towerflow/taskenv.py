@@ -53,6 +53,7 @@ ENV_PS_LOCAL_STEPS = "TOWERFLOW_PS_LOCAL_STEPS"  # --local-steps (geo: k local s
 ENV_PS_DENSE = "TOWERFLOW_PS_DENSE"  # --dense: ps (every parameter on the ps tasks) | allreduce (only the tables there)
 ENV_PS_PUBLISH_EVERY = "TOWERFLOW_PS_PUBLISH_EVERY"  # --publish-every S: ps tasks publish changed rows every S seconds
 ENV_PS_PUBLISH_TO = "TOWERFLOW_PS_PUBLISH_TO"  # --publish-to DIR: where (default LOGDIR/publish)
+ENV_PS_PUBLISH_SNAPSHOT_EVERY = "TOWERFLOW_PS_PUBLISH_SNAPSHOT_EVERY"  # --snapshot-every K (unset: by volume)
 ENV_PROFILE_FROM = "TOWERFLOW_PROFILE_FROM"  # --profile-steps START: profile each task from this global step on
 ENV_PROFILE_STEPS = "TOWERFLOW_PROFILE_STEPS"  # --profile-steps START:COUNT: how many of its steps
 ENV_OMP_NUM_THREADS = "OMP_NUM_THREADS"  # set by the user: towerflow then leaves torch's thread count alone
@@ -154,6 +155,7 @@ class PsOptions:
     dense: Optional[str] = None  # TOWERFLOW_PS_DENSE: where the non-table parameters train
     publish_every: Optional[float] = None  # seconds between the ps tasks' publications of changed rows (None: off)
     publish_to: Optional[str] = None  # the folder they publish to (None: LOGDIR/publish)
+    publish_snapshot_every: Optional[int] = None  # a file snapshot after every K deltas (None: by volume)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +265,7 @@ def read(env: Mapping[str, str]) -> TaskContext:
             dense=_choice(env, ENV_PS_DENSE, PS_DENSE),
             publish_every=_seconds(env, ENV_PS_PUBLISH_EVERY, 0.0) or None,
             publish_to=env.get(ENV_PS_PUBLISH_TO) or None,
+            publish_snapshot_every=_count(env, ENV_PS_PUBLISH_SNAPSHOT_EVERY, minimum=1),
         ),
         tuning=Tuning(
             strategy=env.get(ENV_STRATEGY) or None,

@@ -4,15 +4,12 @@ publishes are in Redis, each under its key with its publication's number, equal 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from _cluster_procs import ROOT, wait_until
+from _cluster_procs import ROOT
 
 redis = pytest.importorskip("redis")
 pytest.importorskip("pyarrow")
@@ -20,39 +17,6 @@ HERE = Path(__file__).parent
 TASK = str(HERE / "_train_task.py")
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def redis_url(tmp_path):
-    """A redis-server of its own on a free loopback port, in memory only; stopped after the test."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (tools/install_schedulers.sh installs it)")
-    port = _free_port()
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                               "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    client = redis.Redis(host="127.0.0.1", port=port)
-
-    def up():
-        try:
-            return client.ping()
-        except redis.ConnectionError:
-            return server.poll() is not None
-
-    try:
-        wait_until(up, 20, "redis-server to answer")
-        assert server.poll() is None, "redis-server exited at start"
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        server.kill()
-        server.wait(10)
 
 
 def test_the_rows_published_to_redis_end_equal_to_the_final_checkpoint(launcher, tmp_path, redis_url):

@@ -128,3 +128,27 @@ def test_publishing_needs_a_period_and_a_folder(monkeypatch, tmp_path):
     check_publish(LaunchConfig(script="t.py", publish_every=2.5, logdir=str(tmp_path)))
     task = taskenv.from_environment()
     assert task.ps.publish_every == 2.5 and task.ps.publish_to == str(tmp_path / "publish")
+    assert task.ps.publish_snapshot_every is None  # by volume
+
+
+def test_snapshot_every_reaches_the_ps_tasks_for_a_folder_and_is_refused_for_redis(monkeypatch, tmp_path):
+    import argparse
+
+    from towerflow import taskenv
+    from towerflow.cli.launch import _snapshot_every
+    from towerflow.launch.planning import check_publish
+
+    for name in (taskenv.ENV_PS_PUBLISH_EVERY, taskenv.ENV_PS_PUBLISH_TO, taskenv.ENV_PS_PUBLISH_SNAPSHOT_EVERY):
+        monkeypatch.setenv(name, "")  # empty is unset; what the launch exports is undone after
+    assert _snapshot_every("auto") is None and _snapshot_every("7") == 7
+    with pytest.raises(argparse.ArgumentTypeError, match="expected 'auto'"):
+        _snapshot_every("0")
+    with pytest.raises(TowerflowError, match="add --publish-every SECONDS"):
+        check_publish(LaunchConfig(script="t.py", snapshot_every=3, logdir=str(tmp_path)))
+    with pytest.raises(TowerflowError, match="drop --snapshot-every"):
+        check_publish(LaunchConfig(script="t.py", publish_every=1, publish_to="redis://127.0.0.1:6379/0",
+                                   snapshot_every=3))
+    check_publish(LaunchConfig(script="t.py", publish_every=1, logdir=str(tmp_path), snapshot_every=3))
+    assert taskenv.from_environment().ps.publish_snapshot_every == 3
+    check_publish(LaunchConfig(script="t.py", publish_every=1, logdir=str(tmp_path)))
+    assert taskenv.from_environment().ps.publish_snapshot_every is None

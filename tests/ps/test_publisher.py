@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from towerflow import _files
+from towerflow.errors import ParameterServerError
 from towerflow.ps.layout import plan_layout
 from towerflow.ps.messages import RowPush, Ticket
 from towerflow.ps.policies import AsyncPolicy
@@ -27,9 +28,9 @@ pytest.importorskip("pyarrow")
 ROWS, DIM, NUM_PS = 50, 4, 2
 
 
-def _service(task: int) -> ShardService:
+def _service(task: int, evict_after=None) -> ShardService:
     specs = [TableSpec("emb", ROWS, DIM, torch.float32, NUM_PS, seed=1),
-             TableSpec("hashed", None, DIM, torch.float32, NUM_PS, "hash", init_std=0.1)]
+             TableSpec("hashed", None, DIM, torch.float32, NUM_PS, "hash", init_std=0.1, evict_after=evict_after)]
     values = {"w": torch.arange(6.0).reshape(3, 2), "b": torch.ones(3)}
     layout = plan_layout(values, NUM_PS)
     return ShardService(layout.on_task(task), layout.pack(task, values), torch.optim.SGD, {"lr": 0.1}, AsyncPolicy(), 1,
@@ -196,3 +197,127 @@ def test_after_a_failed_publication_the_next_one_is_a_snapshot(tmp_path, monkeyp
     store = EmbeddingStore(str(tmp_path))
     store.refresh()
     assert torch.equal(store.table("emb")[1], _live(service, "emb")[1])
+
+
+def test_a_file_snapshot_comes_once_the_deltas_since_hold_as_many_rows_as_a_snapshot_not_before(tmp_path):
+    service = _service(0)  # ps 0 holds 25 rows of emb and, with no hash ids read, no hashed rows: a snapshot is 25
+    publisher = _publisher(tmp_path, {"model": service}, snapshot_every=None)
+    publisher.publish()
+    for step in range(1, 14):  # 5 rows a delta: the deltas since the last snapshot reach 25 rows after 5 of them
+        _push(service, [(5 * step + k) % 25 for k in range(5)], [], step)
+        publisher.publish()
+    entries = delta_log.read_manifest(delta_log.task_dir(str(tmp_path), "model", 0))
+    assert [e.rows["emb"] for e in entries if e.kind == "delta"][:2] == [5, 5]
+    # 3 snapshots (1, 7, 13) written, the newest 2 kept with the deltas after the older one (keep_snapshots=2)
+    assert [(e.seq, e.kind[0]) for e in entries] == [(7, "s"), (8, "d"), (9, "d"), (10, "d"), (11, "d"), (12, "d"),
+                                                     (13, "s"), (14, "d")]
+    folder = delta_log.task_dir(str(tmp_path), "model", 0)
+    assert sorted(os.listdir(folder)) == sorted([_files.publish_entry_dir(e.seq, e.kind) for e in entries]
+                                                + [_files.PUBLISH_MANIFEST])  # the older ones' files are gone
+    store = EmbeddingStore(str(tmp_path))
+    store.refresh()
+    live_ids, live_values = _live(service, "emb")
+    ids, values = store.table("emb")
+    assert torch.equal(ids, live_ids) and torch.equal(values, live_values)
+
+
+def test_an_explicit_snapshot_every_k_deltas_still_holds(tmp_path):
+    service = _service(0)
+    publisher = _publisher(tmp_path, {"model": service}, snapshot_every=2)
+    publisher.publish()
+    for step in range(1, 7):
+        _push(service, [step], [], step)  # one row a delta: the volume rule would take no snapshot here
+        publisher.publish()
+    entries = delta_log.read_manifest(delta_log.task_dir(str(tmp_path), "model", 0))
+    assert [(e.seq, e.kind[0]) for e in entries] == [(4, "s"), (5, "d"), (6, "d"), (7, "s")]  # 1 S, 2-3 D: pruned
+    with pytest.raises(ParameterServerError, match="snapshot_every=0"):
+        _publisher(tmp_path, {"model": service}, snapshot_every=0)
+
+
+class _KindsSink:
+    """A sink like Redis's: each key keeps its newest value, so it asks for no periodic snapshot."""
+
+    periodic_snapshots = False
+
+    def __init__(self):
+        self.kinds = []
+
+    def write(self, kind, global_step, time_s, tables, dense, evicted=None):
+        rows = {name: sum(ids.numel() for ids, _ in chunks) for name, _dim, chunks in tables}
+        self.kinds.append(kind)
+        return delta_log.Publication(len(self.kinds), kind, global_step, time_s, {}, rows, None)
+
+
+def test_a_sink_that_keeps_the_newest_values_gets_a_snapshot_only_first_and_after_a_restore():
+    from towerflow.ps.server.redis_sink import RedisSink
+
+    assert RedisSink.periodic_snapshots is False and DeltaLog.periodic_snapshots is True
+    service, sink = _service(0), _KindsSink()
+    publisher = Publisher(lambda: {"model": service}, lambda model: sink, every=3600, snapshot_every=1)
+    publisher.publish()
+    for step in range(1, 5):
+        _push(service, list(range(25)), [], step)  # whole-table deltas: by rows or by count a file log would snapshot
+        publisher.publish()
+    service.tables.load_state_dict(service.tables.state_dict())  # restored from a checkpoint
+    publisher.publish()
+    _push(service, [1], [], 5)
+    publisher.publish()
+    assert sink.kinds == ["snapshot", "delta", "delta", "delta", "delta", "snapshot", "delta"]
+
+
+def _evicting_run(publisher, service, steps=12):
+    """Hash ids admitted in a moving window, so that older ones are evicted (evict_after=2), id 0 read again every
+    third step (evicted, then admitted again, also between two publications); a publication after every other step."""
+    publisher.publish()
+    for step in range(1, steps + 1):
+        _push(service, [step % 25], [0, 100 + 2 * step] if step % 3 == 0 else [100 + 2 * step, 102 + 2 * step], step)
+        if step % 2 == 0:
+            publisher.publish()
+    assert service.tables.stores["hashed"].evicted >= 5  # evictions did happen
+
+
+def test_a_snapshot_plus_deltas_equal_a_hash_table_with_evictions_exactly(tmp_path):
+    service = _service(0, evict_after=2)
+    publisher = _publisher(tmp_path, {"model": service})
+    _evicting_run(publisher, service)
+    folder = delta_log.task_dir(str(tmp_path), "model", 0)
+    entries = delta_log.read_manifest(folder)
+    with_evictions = [e for e in entries if e.evicted]
+    assert with_evictions and all(e.kind == "delta" for e in with_evictions)
+    evicted_ever = set()
+    for entry in with_evictions:
+        gone = row_files.read_ids(os.path.join(folder, entry.evicted["hashed"]))
+        rows = row_files.read_rows(os.path.join(folder, entry.tables["hashed"]))[0]
+        assert gone.numel() == entry.evicted_rows["hashed"] > 0
+        assert not set(gone.tolist()) & set(rows.tolist())  # an id admitted again since goes as a row only
+        evicted_ever |= set(gone.tolist())
+
+    store = EmbeddingStore(str(tmp_path))
+    store.refresh()
+    ids, values = store.table("hashed")
+    live_ids, live_values = _live(service, "hashed")
+    assert torch.equal(ids, live_ids) and torch.equal(values, live_values)  # no row the live table dropped
+    assert 0 in evicted_ever and 0 in ids.tolist()  # evicted, admitted again: held, with its new row
+    assert not store.apply(0, folder, with_evictions[0])  # applied already: nothing changes
+    again = EmbeddingStore(str(tmp_path))  # each delta applied on its own, an eviction of ids it does not hold too
+    for entry in entries:
+        again.apply(0, folder, entry)
+    assert torch.equal(again.table("hashed")[0], live_ids)
+
+
+def test_the_redis_sink_deletes_the_keys_of_evicted_hash_rows(tmp_path, redis_url):
+    import redis
+
+    from towerflow.ps.server.redis_sink import RedisSink
+    from towerflow.serving import RedisRows
+
+    service = _service(0, evict_after=2)
+    publisher = Publisher(lambda: {"model": service}, lambda model: RedisSink(redis_url, model, 0), every=3600,
+                          chunk_rows=7)
+    _evicting_run(publisher, service)
+    client = redis.Redis.from_url(redis_url)
+    held = sorted(int(k.rsplit(b":", 1)[1]) for k in client.scan_iter(match="towerflow:model:hashed:*"))
+    live_ids, live_values = _live(service, "hashed")
+    assert held == live_ids.tolist()  # every evicted id's key is gone, every live one is there
+    rows, versions = RedisRows(redis_url).lookup("hashed", live_ids, DIM)
+    assert torch.equal(rows, live_values) and int(versions.min()) >= 1

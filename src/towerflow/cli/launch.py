@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # the command line imports what a launch needs only when it runs one
     from towerflow.launch.config import LaunchConfig
@@ -95,10 +95,15 @@ def register(sub) -> None:
                          "reported")
     ps.add_argument("--publish_every", "--publish-every", dest="publish_every", type=float, default=None,
                     metavar="SECONDS", help="every ps task publishes its table rows changed since its last publication "
-                    "(a numbered Parquet delta; a full snapshot first and every 10 deltas) every SECONDS, while "
-                    "training runs (docs/serving.md)")
+                    "(a numbered Parquet delta, after a full snapshot first) every SECONDS, while training runs "
+                    "(docs/serving.md)")
     ps.add_argument("--publish_to", "--publish-to", dest="publish_to", default=None, metavar="DIR",
-                    help="with --publish-every: the folder the publications go to (default: LOGDIR/publish)")
+                    help="with --publish-every: the folder the publications go to (default: LOGDIR/publish), or "
+                         "redis://HOST:PORT/DB")
+    ps.add_argument("--snapshot_every", "--snapshot-every", dest="snapshot_every", type=_snapshot_every, default=None,
+                    metavar="auto|K", help="with --publish-every and a folder: when a ps task writes another full "
+                    "snapshot: 'auto' (default) once the deltas since its last one hold as many rows as a snapshot, "
+                    "or after every K deltas")
     p.add_argument("--profile_steps", "--profile-steps", dest="profile_steps", type=_profile_steps, default=None,
                    metavar="START[:COUNT]",
                    help="profile COUNT (default 10) of each task's training steps from global step START with "
@@ -122,6 +127,21 @@ def _local_steps(text: str) -> int:
             f"{text!r}: expected a whole number of local steps K >= 1 (1 pushes gradients every step, as without the "
             "flag; K > 1 pushes each worker's parameter delta every K steps), e.g. --local-steps 4"
         )
+    return value
+
+
+def _snapshot_every(text: str) -> Optional[int]:
+    """--snapshot-every auto|K: None (by volume) or a whole number of deltas >= 1."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected 'auto' (a snapshot once the deltas since the last one hold as many rows as a "
+            "snapshot) or a whole number of deltas K >= 1, e.g. --snapshot-every 10")
     return value
 
 
@@ -151,7 +171,7 @@ def config_of(args) -> LaunchConfig:
         max_restarts=args.max_restarts, logdir=args.logdir, store=args.store, ps_runs_script=args.ps_runs_script, mode=args.mode,
         replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness, local_steps=args.local_steps,
         ps_replicas=args.ps_replicas, ps_replica_lag=args.ps_replica_lag, profile=args.profile_steps, dense=args.dense,
-        publish_every=args.publish_every, publish_to=args.publish_to,
+        publish_every=args.publish_every, publish_to=args.publish_to, snapshot_every=args.snapshot_every,
     )
 
 

@@ -113,6 +113,14 @@ def _swap_in(partial: str, out: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _copied_into(whole: Optional[torch.Tensor], chunks, dtype: torch.dtype):
+    """The chunks, each also copied into `whole` (a fixed table's file-backed tensor) on the way: one pass."""
+    for ids, values in chunks:
+        if whole is not None:
+            whole.index_copy_(0, ids, values.to(dtype))
+        yield ids, values
+
+
 def _write(run: SavedRun, folder: str, chunk_rows: int) -> dict:
     state = dict(run.model_state)
     state.update(run.dense_values())
@@ -130,13 +138,10 @@ def _write(run: SavedRun, folder: str, chunk_rows: int) -> dict:
         for shard in run.table_shards(name):
             rel = _files.export_table_file(name, shard.shard)
             ids_seen += row_files.write_rows(os.path.join(folder, rel), spec.dim,
-                                             row_files.chunked(shard.ids, shard.values, chunk_rows))
+                                             _copied_into(whole, shard.chunks(chunk_rows), spec.dtype))
             files.append(rel)
-            if whole is not None:
-                for ids, values in row_files.chunked(shard.ids, shard.values, chunk_rows):
-                    whole.index_copy_(0, ids, values.to(spec.dtype))
-            else:
-                pieces.append((shard.ids.clone(), shard.values.clone()))
+            if whole is None:
+                pieces.append((shard.hash_ids.clone(), shard.values.clone()))
         if whole is not None:
             state[f"{name}.weight"] = whole
         else:

@@ -25,12 +25,25 @@ _PART = re.compile(r"^(?P<variable>.*)/part_(?P<shard>\d+)$")
 
 @dataclasses.dataclass(frozen=True)
 class TableShard:
-    """One saved shard of one table: global ids and their values (views of the mapped checkpoint)."""
+    """One saved shard of one table: its values (a view of the mapped checkpoint) and, for a hash table, its ids
+    (a fixed table's global ids are made a chunk at a time by `chunks`, never for the whole shard)."""
 
     spec: TableSpec
     shard: int
-    ids: torch.Tensor
     values: torch.Tensor
+    hash_ids: Optional[torch.Tensor] = None
+
+    @property
+    def rows(self) -> int:
+        return self.values.shape[0]
+
+    def chunks(self, chunk_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """(global ids, values) of `chunk_rows` rows at a time (the values views of the mapped checkpoint)."""
+        for start in range(0, self.rows, chunk_rows):
+            end = min(self.rows, start + chunk_rows)
+            ids = (self.hash_ids[start:end] if self.hash_ids is not None else
+                   self.spec.global_ids(self.shard, torch.arange(start, end, dtype=torch.int64)))
+            yield ids, self.values[start:end]
 
 
 class SavedRun:
@@ -111,11 +124,9 @@ class SavedRun:
                 raise CheckpointError(f"{self.info.path}: ps task {task} saved no shard of table {name!r}")
             spec, shard, state = entry["spec"], int(entry["shard"]), entry["state"]
             if spec.is_hash:
-                yield TableShard(spec, shard, state["ids"].long(), state["values"])
+                yield TableShard(spec, shard, state["values"], state["ids"].long())
             else:
-                values = state["values"]
-                local = torch.arange(values.shape[0], dtype=torch.int64)
-                yield TableShard(spec, shard, spec.global_ids(shard, local), values)
+                yield TableShard(spec, shard, state["values"])
 
 
 def _row_range(rows: int, n: int, index: int) -> Tuple[int, int]:

@@ -47,6 +47,7 @@ class LaunchConfig:
     # the ps tasks publish the rows changed every this many seconds, to this folder (None: LOGDIR/publish)
     publish_every: Optional[float] = None
     publish_to: Optional[str] = None
+    snapshot_every: Optional[int] = None  # a snapshot in the folder after every K deltas (None: by volume)
     # a window of each task's training steps under torch.profiler: (from global step, how many)
     profile: Optional[Tuple[int, int]] = None
 

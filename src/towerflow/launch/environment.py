@@ -106,9 +106,14 @@ def export_ps_mode(mode: Optional[str], replicas_to_aggregate: Optional[int], st
             os.environ[name] = str(value)
 
 
-def export_publish(every: float, to: str) -> None:
-    """--publish-every S [--publish-to DIR]: every ps task publishes its changed rows there every S seconds."""
+def export_publish(every: float, to: str, snapshot_every: Optional[int] = None) -> None:
+    """--publish-every S [--publish-to DIR] [--snapshot-every K]: every ps task publishes its changed rows there
+    every S seconds (a snapshot after every K deltas; unset: by volume)."""
     os.environ[_te.ENV_PS_PUBLISH_EVERY], os.environ[_te.ENV_PS_PUBLISH_TO] = repr(float(every)), to
+    if snapshot_every is None:
+        os.environ.pop(_te.ENV_PS_PUBLISH_SNAPSHOT_EVERY, None)
+    else:
+        os.environ[_te.ENV_PS_PUBLISH_SNAPSHOT_EVERY] = str(int(snapshot_every))
 
 
 def export_profile(start: int, steps: int) -> None:

@@ -126,11 +126,13 @@ def check_ps_replicas(config: LaunchConfig, has_ps: bool) -> None:
 
 
 def check_publish(config: LaunchConfig) -> None:
-    """--publish-every S [--publish-to DIR]: a positive period and a folder, handed to every task."""
+    """--publish-every S [--publish-to DIR] [--snapshot-every K]: a positive period and a folder, handed to every
+    task."""
     if config.publish_every is None:
-        if config.publish_to is not None:
-            raise TowerflowError(f"--publish-to {config.publish_to} says where the ps tasks publish, but nothing asks "
-                                 "them to: add --publish-every SECONDS")
+        for flag, value in (("--publish-to", config.publish_to), ("--snapshot-every", config.snapshot_every)):
+            if value is not None:
+                raise TowerflowError(f"{flag} {value} says how the ps tasks publish, but nothing asks them to: add "
+                                     "--publish-every SECONDS")
         return
     if not config.publish_every > 0:
         raise TowerflowError(f"--publish-every {config.publish_every:g}: expected a positive number of seconds between "
@@ -143,11 +145,15 @@ def check_publish(config: LaunchConfig) -> None:
         target = os.path.join(config.logdir, _files.PUBLISH_SUBDIR)
     if redis_url.is_redis_url(target):
         redis_url.parse_redis_url(target)
+        if config.snapshot_every is not None:
+            raise TowerflowError(f"--snapshot-every {config.snapshot_every} with --publish-to {target}: Redis keeps "
+                                 "each row's newest value, so only the first publication is a snapshot; drop "
+                                 "--snapshot-every (it sets how often a folder of publications gets one)")
         export_publish(config.publish_every, target)
     elif "://" in target:
         raise TowerflowError(f"--publish-to {target}: expected a folder or redis://HOST:PORT/DB")
     else:
-        export_publish(config.publish_every, os.path.abspath(target))
+        export_publish(config.publish_every, os.path.abspath(target), config.snapshot_every)
 
 
 def check_ps_replica_lag(config: LaunchConfig) -> None:

@@ -54,7 +54,8 @@ def main(argv: Optional[Sequence[str]] = None, context: Optional[TaskContext] = 
     if task.ps.publish_every:
         target = task.ps.publish_to or os.path.join(logdir or ".", _files.PUBLISH_SUBDIR)
         publisher = Publisher(served.services, sink_for(target, server.task_index),
-                              task.ps.publish_every, task=server.name).start()
+                              task.ps.publish_every, snapshot_every=task.ps.publish_snapshot_every,
+                              task=server.name).start()
     try:
         server.join()
     finally:

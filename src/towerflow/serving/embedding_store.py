@@ -7,7 +7,8 @@ each, then applies the deltas after it in order. The rules that make it safe to 
 * a publication is applied once: one numbered at or below the last applied of its task changes nothing;
 * a delta applies only on top of its predecessor: one that skips a number is refused (`refresh` then
   starts that task over from its newest snapshot);
-* a snapshot replaces the task's part whole (rows evicted since are gone).
+* a snapshot replaces the task's part whole (rows evicted since are gone); a delta drops the hash rows it
+  names as evicted (those the store does not hold change nothing), then writes its rows.
 
 Within a task every row of a publication carries the publication's number as its version.
 """
@@ -41,6 +42,12 @@ class _Rows:
     @classmethod
     def empty(cls, dim: int) -> "_Rows":
         return cls(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dim), torch.zeros(0, dtype=torch.int64))
+
+    def drop(self, ids: torch.Tensor) -> None:
+        """Remove the rows of these ids (ids not held change nothing)."""
+        if ids.numel() and self.ids.numel():
+            keep = ~torch.isin(self.ids, ids)
+            self.ids, self.values, self.versions = self.ids[keep], self.values[keep], self.versions[keep]
 
     def upsert(self, ids: torch.Tensor, values: torch.Tensor, versions: torch.Tensor) -> None:
         """Write rows whose version is not older than the one held; new ids are added."""
@@ -113,6 +120,8 @@ class EmbeddingStore:
                 by_task = self._rows.setdefault(table, {})
                 if entry.kind == SNAPSHOT or task not in by_task:
                     by_task[task] = _Rows.empty(values.shape[1])
+                if table in entry.evicted:
+                    by_task[task].drop(row_files.read_ids(os.path.join(folder, entry.evicted[table])))
                 by_task[task].upsert(ids, values, versions)
             if entry.dense is not None:
                 self._dense[task] = delta_log.read_dense(os.path.join(folder, entry.dense))

@@ -2,9 +2,16 @@
 
 `towerflow launch --publish-every S` makes every ps task run a `Publisher`: a daemon thread that, every S
 seconds, writes for each model it serves a numbered publication to its `DeltaLog` (`ps/tables/delta_log.py`)
-or another sink with the same `write`: the first one after it starts (or after the part was restored) and
-after every `snapshot_every` deltas a full snapshot, the others a delta of the rows changed since the
-previous publication; the dense shards go whole every time.
+or another sink with the same `write`: the first one after it starts (or after the part was restored) a full
+snapshot, the others a delta of the rows changed since the previous publication (and the ids of hash rows evicted since); the dense shards go whole
+every time.
+
+A sink whose store keeps only each row's newest value (Redis: `periodic_snapshots = False`) gets no other
+snapshot: re-writing every row would change nothing there. A log of files (`periodic_snapshots = True`) gets
+one more whenever the deltas since its last snapshot hold as many rows as a snapshot would (`snapshot_every`
+None, the default): a reader catching up then reads at most about two snapshots' worth, and a log that keeps
+its newest snapshots and the deltas after them stays within a few snapshots on disk, whatever the period.
+`snapshot_every=K` writes one after every K deltas instead.
 
 Training is held only while the changed keys are taken and the dense shards copied (under the service's
 lock: a swap and a small copy). The thread runs at a lower priority (`niceness`, Linux): on a host whose cores
@@ -24,6 +31,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from towerflow import _log
+from towerflow.errors import ParameterServerError
 from towerflow.redis_url import is_redis_url, parse_redis_url
 from towerflow.ps.replication_messages import is_part_key
 from towerflow.ps.tables import row_files
@@ -39,18 +47,22 @@ class _Followed:
     changes: Optional[RowChanges] = None
     loads: int = 0
     since: Optional[int] = None  # deltas since the last snapshot (None: none written yet)
+    rows_since: int = 0  # the rows those deltas hold
 
 
 class Publisher:
     """Publishes every served model's rows every `every` seconds through `sink(model)` (one sink per model)."""
 
     def __init__(self, services: Callable[[], Dict[str, object]], sink: Callable[[str], object], every: float,
-                 snapshot_every: int = 10, chunk_rows: int = row_files.CHUNK_ROWS, task: Optional[str] = None,
+                 snapshot_every: Optional[int] = None, chunk_rows: int = row_files.CHUNK_ROWS, task: Optional[str] = None,
                  niceness: int = 10):
         self.services = services
         self.log = _log.get("ps", task)
         self.sink = sink
         self.every = float(every)
+        if snapshot_every is not None and not (isinstance(snapshot_every, int) and snapshot_every >= 1):
+            raise ParameterServerError(f"snapshot_every={snapshot_every!r}: expected None (a snapshot once the deltas "
+                                       "since the last hold as many rows) or a whole number of deltas >= 1")
         self.snapshot_every = snapshot_every
         self.chunk_rows = chunk_rows
         self.niceness = niceness
@@ -100,37 +112,53 @@ class Publisher:
         if followed is None or followed.service is not service:
             followed = self._followed[model] = _Followed(service)
         tables = service.tables
+        sink = self._sinks.get(model)
+        if sink is None:
+            sink = self._sinks[model] = self.sink(model)
         with service.lock:
             if tables and followed.changes is None:
                 followed.changes = tables.track_changes()
             restored = bool(tables) and tables.loads != followed.loads
-            full = followed.since is None or restored or (followed.since >= self.snapshot_every and not final)
+            due = sink.periodic_snapshots and not final and followed.since is not None and self._snapshot_due(
+                followed, tables.rows_held if tables else 0)
+            full = followed.since is None or restored or due
             step = service.coordinator.global_step
             dense = _dense_copy(service)
             taken: Dict[str, Tuple[str, object]] = {}
+            evicted: Dict[str, torch.Tensor] = {}
             for name, spec in (tables.specs.items() if tables else ()):
                 keys = followed.changes.take(name)  # a snapshot starts the record over too
                 if spec.is_hash:  # its rows move as ids are admitted and evicted: copied here, under the lock
                     ids, values = (tables.stores[name].export()[:2] if full else tables.rows_now(name, keys))
                     taken[name] = ("rows", (ids, values))
+                    gone = followed.changes.take_evicted(name)
+                    if not full and gone.numel():  # those admitted again since are in `ids`, with their new rows
+                        gone = gone[~torch.isin(gone, tables.rows_now(name, gone)[0])]
+                        if gone.numel():
+                            evicted[name] = gone
                 else:
                     taken[name] = ("keys", None if full else keys)
             why = ("its first, or the last one failed" if followed.since is None else "its part was restored" if restored else
-                   f"{followed.since} deltas since the last")
+                   f"{followed.since} deltas of {followed.rows_since} rows since the last")
             followed.loads = tables.loads if tables else 0
-        sink = self._sinks.get(model)
-        if sink is None:
-            sink = self._sinks[model] = self.sink(model)
         kind = SNAPSHOT if full else DELTA
         try:
-            entry = sink.write(kind, step, time.time(), self._table_chunks(tables, taken), dense)
+            entry = sink.write(kind, step, time.time(), self._table_chunks(tables, taken), dense, evicted)
         except BaseException:
             followed.since = None  # the rows taken are in no publication: the next one must be a snapshot
             raise
         followed.since = 0 if full else followed.since + 1
+        followed.rows_since = 0 if full else (followed.rows_since + sum(entry.rows.values())
+                                              + sum(entry.evicted_rows.values()))
         if full:
             self.log.info(f"published snapshot {entry.seq} of {model!r} at global step {step} ({why})")
         return entry
+
+    def _snapshot_due(self, followed: _Followed, snapshot_rows: int) -> bool:
+        """Whether a log of files should get a snapshot now rather than a delta (`snapshot_every`)."""
+        if self.snapshot_every is not None:
+            return followed.since >= self.snapshot_every
+        return followed.rows_since >= max(snapshot_rows, 1)
 
     def _table_chunks(self, tables, taken) -> Iterator[Tuple[str, int, Iterator]]:
         for name, (what, value) in taken.items():

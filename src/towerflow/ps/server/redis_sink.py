@@ -4,20 +4,23 @@ Keys, for model MODEL and ps task T:
 
     towerflow:MODEL:TABLE:ID        the publication's number (int64) then the row (float32), little-endian bytes
     towerflow:MODEL:dense:NAME      hash {"v": float32/float64 bytes as the shard's dtype, "dtype", "shape"}
-    towerflow:MODEL:ps-T            hash {"seq", "kind", "global_step", "time", "rows"}: the last publication
+    towerflow:MODEL:ps-T            hash {"seq", "kind", "global_step", "time", "rows", "evicted"}: the last publication
                                     announced, written after all its rows
 
 The rows go in pipelined batches (an MSET of `batch_rows` rows each, not in a MULTI: a reader may see part
-of a publication's rows, each row whole). Every row of a table shard lives on one ps task and only that
+of a publication's rows, each row whole). A batch's keys and values are made by numpy at once, and redis-py
+packs the commands (in C with `hiredis`, which the serving extra installs): about 1 CPU second per million
+rows in this process and as much in the server (benchmarks/redis_sink_rows.py). Every row of a table shard lives on one ps task and only that
 task writes it, in publication order, so a row's value is always its newest. The numbering goes on from
-the `ps-T` key after a restart, as the file log's does. Evicted hash rows are not deleted from Redis.
+the `ps-T` key after a restart, as the file log's does. A delta deletes the keys of the hash rows evicted
+since the previous publication (DEL, before its rows are written; none of them is among its rows).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -40,6 +43,8 @@ def task_key(model: str, task: int) -> str:
 class RedisSink:
     """One ps task's publications of one model, written to Redis (the `DeltaLog` interface)."""
 
+    periodic_snapshots = False  # each key holds its row's newest value: a snapshot would re-write it for nothing
+
     def __init__(self, url: str, model: str, task: int, batch_rows: int = 4096):
         try:
             import redis
@@ -54,15 +59,23 @@ class RedisSink:
         self.next_seq = int(last) + 1 if last is not None else 1
 
     def write(self, kind: str, global_step: int, time_s: float, tables: Iterable[Tuple[str, int, Iterable]],
-              dense: Dict[str, torch.Tensor]) -> Publication:
+              dense: Dict[str, torch.Tensor], evicted: Optional[Dict[str, torch.Tensor]] = None) -> Publication:
         if kind not in (SNAPSHOT, DELTA):
             raise ParameterServerError(f"kind={kind!r}: expected {SNAPSHOT!r} or {DELTA!r}")
         started = time.perf_counter()
-        seq, rows = self.next_seq, {}
+        seq, rows, gone = self.next_seq, {}, {}
         pipe = self.client.pipeline(transaction=False)
+        for name, ids in (evicted or {}).items():
+            prefix = f"{PREFIX}:{self.model}:{name}:".encode()
+            keys = np.char.add(prefix, ids.detach().cpu().numpy().astype("S")).tolist()
+            for start in range(0, len(keys), self.batch_rows):
+                pipe.execute_command("DEL", *keys[start:start + self.batch_rows])
+            gone[name] = len(keys)
+        if gone:
+            pipe.execute()
         for name, _dim, chunks in tables:
             written = 0
-            prefix = f"{PREFIX}:{self.model}:{name}:"
+            prefix = f"{PREFIX}:{self.model}:{name}:".encode()
             for ids, values in chunks:
                 for start in range(0, ids.numel(), self.batch_rows):
                     pipe.execute_command("MSET", *_pairs(prefix, ids[start:start + self.batch_rows],
@@ -76,9 +89,10 @@ class RedisSink:
                 "shape": json.dumps(list(value.shape))})
         pipe.execute()
         entry = Publication(seq, kind, int(global_step), float(time_s), {}, rows, None,
-                            round(time.perf_counter() - started, 4))
+                            round(time.perf_counter() - started, 4), {}, gone)
         self.client.hset(task_key(self.model, self.task), mapping={
-            "seq": seq, "kind": kind, "global_step": entry.global_step, "time": entry.time, "rows": json.dumps(rows)})
+            "seq": seq, "kind": kind, "global_step": entry.global_step, "time": entry.time, "rows": json.dumps(rows),
+            "evicted": json.dumps(gone)})
         self.next_seq = seq + 1
         return entry
 
@@ -94,14 +108,16 @@ def decode_row(value: bytes) -> Tuple[int, torch.Tensor]:
     return version, torch.from_numpy(np.frombuffer(value[8:], dtype="<f4").copy())
 
 
-def _pairs(prefix: str, ids: torch.Tensor, values: torch.Tensor, version: int) -> list:
-    """MSET's arguments for rows: key, value, key, value, ... (one Python step per row, no more)."""
+def _pairs(prefix: bytes, ids: torch.Tensor, values: torch.Tensor, version: int) -> list:
+    """MSET's arguments for rows: key, value, key, value, ... as bytes, built by numpy for the batch at once (the
+    client packs them into the protocol)."""
     n = ids.numel()
     vectors = values.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
-    packed = np.empty((n, 8 + vectors.shape[1] * 4), dtype=np.uint8)
+    width = 8 + vectors.shape[1] * 4
+    packed = np.empty((n, width), dtype=np.uint8)
     packed[:, :8] = np.full(n, version, dtype="<i8").view(np.uint8).reshape(n, 8)
     packed[:, 8:] = vectors.view(np.uint8).reshape(n, -1)
     out: list = [None] * (2 * n)
-    out[0::2] = [f"{prefix}{i}" for i in ids.tolist()]
-    out[1::2] = [row.tobytes() for row in packed]
+    out[0::2] = np.char.add(prefix, ids.detach().cpu().numpy().astype("S")).tolist()
+    out[1::2] = packed.view(f"V{width}").reshape(n).tolist()  # void, not "S": bytes keep their trailing zeros
     return out

@@ -2,13 +2,14 @@
 
     PUBLISH_DIR/MODEL/ps-0/manifest.json                 the announced publications, oldest first
     PUBLISH_DIR/MODEL/ps-0/00000007-delta/TABLE.parquet  rows (id, vector, version=7) changed since publication 6
+    PUBLISH_DIR/MODEL/ps-0/00000007-delta/TABLE.evicted.parquet  hash tables: ids (id) evicted since 6, if any
     PUBLISH_DIR/MODEL/ps-0/00000007-delta/dense.parquet  this task's dense shards, whole (name, dtype, shape, values)
 
 Every file is written atomically, and a publication is announced (the manifest rewritten, atomically) only
 once all of its files are in place: a reader that goes by the manifest never opens a partial file. A
 publication's number follows the last announced one, also after the ps task restarts (the log is read
 back), so the versions have no gap; a snapshot holds every live row, a delta the rows changed since the
-publication before it. The publisher (`ps/server/publisher.py`) writes it; `towerflow.serving` reads it.
+publication before it and the ids whose rows were evicted since (none of them has a row in the delta). The publisher (`ps/server/publisher.py`) writes it; `towerflow.serving` reads it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class Publication:
     rows: Dict[str, int]
     dense: Optional[str]
     seconds: float = 0.0  # writing its files took this long
-
+    evicted: Dict[str, str] = dataclasses.field(default_factory=dict)  # hash table -> file of the ids evicted
+    evicted_rows: Dict[str, int] = dataclasses.field(default_factory=dict)  # hash table -> how many
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,6 +68,8 @@ def read_manifest(folder: str) -> List[Publication]:
 class DeltaLog:
     """The writer of one ps task's publications (one writer per folder: the ps task that holds the part)."""
 
+    periodic_snapshots = True  # a reader starts from a snapshot and reads the deltas after it: keep that short
+
     def __init__(self, root: str, model: str, task: int, keep_snapshots: int = 2):
         if keep_snapshots < 1:
             raise ParameterServerError(f"keep_snapshots={keep_snapshots!r}: expected at least 1")
@@ -81,8 +85,9 @@ class DeltaLog:
         return self.entries[-1].seq + 1 if self.entries else 1
 
     def write(self, kind: str, global_step: int, time_s: float, tables: Iterable[Tuple[str, int, Iterable]],
-              dense: Dict[str, torch.Tensor]) -> Publication:
-        """Write one publication's files (tables: (name, dim, chunks of (ids, values))), then announce it."""
+              dense: Dict[str, torch.Tensor], evicted: Optional[Dict[str, torch.Tensor]] = None) -> Publication:
+        """Write one publication's files (tables: (name, dim, chunks of (ids, values)); evicted: a delta's hash
+        tables' ids evicted since the previous publication), then announce it."""
         if kind not in (SNAPSHOT, DELTA):
             raise ParameterServerError(f"kind={kind!r}: expected {SNAPSHOT!r} or {DELTA!r}")
         started = time.perf_counter()
@@ -93,12 +98,17 @@ class DeltaLog:
             rel = f"{sub}/{name}.parquet"
             rows[name] = row_files.write_rows(os.path.join(self.folder, rel), dim, chunks, version=seq)
             files[name] = rel
+        gone, gone_rows = {}, {}
+        for name, ids in (evicted or {}).items():
+            rel = f"{sub}/{name}{_files.PUBLISH_EVICTED_SUFFIX}"
+            gone_rows[name] = row_files.write_ids(os.path.join(self.folder, rel), ids)
+            gone[name] = rel
         dense_rel = None
         if dense:
             dense_rel = f"{sub}/{_files.PUBLISH_DENSE}"
             write_dense(os.path.join(self.folder, dense_rel), dense)
         entry = Publication(seq, kind, int(global_step), float(time_s), files, rows, dense_rel,
-                            round(time.perf_counter() - started, 4))
+                            round(time.perf_counter() - started, 4), gone, gone_rows)
         self.entries.append(entry)
         self._announce()
         self._prune()

@@ -1,9 +1,10 @@
 """Which rows of a ps task's table shards changed since they were last taken: what a delta publishes.
 
 A fixed table keeps one flag per local row (a shard of 500,000 rows costs 0.5 MB, whatever the number of
-steps between publishes); a hash table keeps the ids it saw, deduplicated whenever they pile up. Marking
-runs under the shard service's lock on the training path, so it is one indexed write per table per push.
-`take` swaps in a fresh record and hands back the keys marked since the previous take.
+steps between publishes); a hash table keeps the ids it saw, deduplicated whenever they pile up, and the ids
+its evictions removed. Marking runs under the shard service's lock on the training path, so it is one indexed
+write per table per push. `take` swaps in a fresh record and hands back the keys marked since the previous
+take; `take_evicted` the same for evictions.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class RowChanges:
         self._flags: Dict[str, torch.Tensor] = {}
         self._ids: Dict[str, List[torch.Tensor]] = {}
         self._pending: Dict[str, int] = {}
+        self._evicted: Dict[str, List[torch.Tensor]] = {name: [] for name in self.specs}
         for name in self.specs:
             self._reset(name)
 
@@ -48,6 +50,17 @@ class RowChanges:
                 self._ids[table], self._pending[table] = [unique], unique.numel()
         else:
             self._flags[table].index_fill_(0, keys.long(), True)
+
+    def mark_evicted(self, table: str, ids: torch.Tensor) -> None:
+        """These ids of a hash table lost their rows (an eviction)."""
+        if table in self.specs and ids.numel():
+            self._evicted[table].append(ids.long().clone())
+
+    def take_evicted(self, table: str) -> torch.Tensor:
+        """The ids evicted since the previous `take_evicted`, sorted and unique (some may have been admitted again
+        since); starts over."""
+        ids, self._evicted[table] = self._evicted[table], []
+        return torch.unique(torch.cat(ids)) if ids else torch.zeros(0, dtype=torch.int64)
 
     def take(self, table: str) -> torch.Tensor:
         """The local keys (a hash table's ids) marked since the previous take, sorted and unique; starts over."""

@@ -73,6 +73,22 @@ def chunked(ids: torch.Tensor, values: torch.Tensor, chunk_rows: int = CHUNK_ROW
         yield ids[start:start + chunk_rows], values[start:start + chunk_rows]
 
 
+def write_ids(path: str, ids: torch.Tensor) -> int:
+    """Ids alone, as Parquet `(id int64)` (a delta's evicted hash rows), atomically; returns how many."""
+    pa, pq = _pyarrow()
+    table = pa.table({"id": pa.array(ids.detach().to("cpu", torch.int64).numpy())},
+                     schema=pa.schema([pa.field("id", pa.int64(), nullable=False)]))
+    with atomic_write(path) as f:
+        pq.write_table(table, f)
+    return ids.numel()
+
+
+def read_ids(path: str) -> torch.Tensor:
+    """The ids of a file `write_ids` wrote."""
+    _, pq = _pyarrow()
+    return torch.from_numpy(pq.read_table(path).column("id").to_numpy().copy())
+
+
 def read_rows(path: str) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(ids int64, values float32 [n, dim], versions int64 or None) of one rows file."""
     _, pq = _pyarrow()

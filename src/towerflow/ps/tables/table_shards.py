@@ -129,8 +129,16 @@ class TableShards:
         self._held = {}
 
     def evict(self, step: int) -> int:
-        """Hash tables: remove rows untouched for their `evict_after` steps; how many went."""
-        return sum(store.evict(step) for name, store in self.stores.items() if self.specs[name].is_hash)
+        """Hash tables: remove rows untouched for their `evict_after` steps; how many went (a publisher is told
+        which)."""
+        gone = 0
+        for name, store in self.stores.items():
+            if self.specs[name].is_hash:
+                ids = store.evict_ids(step)
+                if ids.numel() and self.changes is not None:
+                    self.changes.mark_evicted(name, ids)
+                gone += ids.numel()
+        return gone
 
     # ---- checkpoints and inspection
     def state_dict(self) -> Dict[str, dict]:
@@ -153,6 +161,11 @@ class TableShards:
         """Start recording the rows each push changes (call under the service's lock)."""
         self.changes = RowChanges(self.specs, self.task)
         return self.changes
+
+    @property
+    def rows_held(self) -> int:
+        """Rows of every table shard held now (what a snapshot holds)."""
+        return sum(store.rows_held for store in self.stores.values())
 
     def fixed_values(self, table: str) -> torch.Tensor:
         """A fixed table shard's live values (not a copy: read it in chunks; rows changed meanwhile are marked)."""

@@ -204,27 +204,33 @@ class HashRows:
             self._touched.index_fill_(0, slots, step)
 
     def evict(self, step: int) -> int:
-        """Remove every row last touched at or before step - evict_after; how many went.
+        """Remove every row last touched at or before step - evict_after; how many went (`evict_ids`)."""
+        return self.evict_ids(step).numel()
+
+    def evict_ids(self, step: int) -> torch.Tensor:
+        """Remove every row last touched at or before step - evict_after; the ids removed.
 
         With forget_after, every forget_after steps it also drops the expired sightings of ids not
         admitted, so those held are the ids seen in the last 2 x forget_after steps at most.
         """
+        none = torch.zeros(0, dtype=torch.int64)
         if self.forget_after is not None and self._pending and step - self._swept >= self.forget_after:
             expired = step - self.forget_after
             self._pending = {key: seen for key, seen in self._pending.items() if seen[1] > expired}
             self._swept = step
         if self.evict_after is None:
-            return 0
+            return none
         used = self._used
         dead = (self._live[:used] & (self._touched[:used] <= step - self.evict_after)).nonzero().squeeze(1)
         if not dead.numel():
-            return 0
+            return none
         self._live[dead] = False
-        self._slot_of.remove(self._ids.index_select(0, dead))
+        ids = self._ids.index_select(0, dead)
+        self._slot_of.remove(ids)
         self._free[self._free_count: self._free_count + dead.numel()] = dead
         self._free_count += dead.numel()
         self.evicted += dead.numel()
-        return dead.numel()
+        return ids
 
     # ---- what it holds
     @property
