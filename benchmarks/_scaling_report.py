@@ -28,6 +28,58 @@ def _rate(end: dict, a: str, b: str, index: int = 1) -> float:
     return (mb[index] - ma[index]) / (mb[0] - ma[0])
 
 
+def _window(end: dict, a: str, b: str) -> Dict[str, List[float]]:
+    """A task's {store method: [calls, keys]} made between two of its phase marks."""
+    ma, mb = end.get("by_method", {}).get(a, {}), end.get("by_method", {}).get(b)
+    if mb is None:
+        return {}
+    return {m: [c - ma.get(m, [0, 0])[0], k - ma.get(m, [0, 0])[1]] for m, (c, k) in mb.items()
+            if (c, k) != tuple(ma.get(m, [0, 0]))}
+
+
+def _keys_rate(end: dict) -> float:
+    """A task's keys named per second in the steady window (a multi_get of k keys counts k)."""
+    dt = end["marks"]["fanin"][0] - end["marks"]["steady"][0] if {"fanin", "steady"} <= set(end["marks"]) else 0
+    return sum(k for _, k in _window(end, "steady", "fanin").values()) / dt if dt > 0 else 0.0
+
+
+def store_by_method(r: dict) -> dict:
+    """Per task and summed over the cluster: the store calls and keys of each method, per second in the steady
+    window (`steady`), and in all from the task's Server being up to the steady mark (`after_up`). The heartbeats
+    (one `add` a second per task, from a thread that holds the store before it is counted) are not in it."""
+    per_task, steady, after_up = [], {}, {}
+    for e in sorted(r.get("ends", []), key=lambda e: e["rank"]):
+        marks = e["marks"]
+        dt = marks["fanin"][0] - marks["steady"][0] if {"fanin", "steady"} <= set(marks) else 0
+        rates = {m: [round(c / dt, 2), round(k / dt, 2)] for m, (c, k) in _window(e, "steady", "fanin").items()} if dt > 0 else {}
+        joined = _window(e, "up", "steady")
+        st = e.get("sites", {})
+        a, b = st.get("steady", {}), st.get("fanin", {})
+        callers = {k: round((v - a.get(k, 0)) / dt, 2) for k, v in b.items() if v > a.get(k, 0)} if dt > 0 else {}
+        per_task.append({"rank": e["rank"], "steady_per_s": rates, "after_up": joined, "callers_per_s": callers})
+        for into, part in ((steady, rates), (after_up, joined)):
+            for m, (c, k) in part.items():
+                into.setdefault(m, [0.0, 0.0])
+                into[m][0] += c
+                into[m][1] += k
+    rnd = lambda d: {m: [round(c, 1), round(k, 1)] for m, (c, k) in sorted(d.items())}  # noqa: E731
+    return {"store_by_task": per_task, "store_by_method": {"steady_per_s": rnd(steady), "after_up": rnd(after_up)}}
+
+
+def print_methods(r: dict) -> None:
+    """The cluster's store calls and keys per method: per second in the steady window, and in all after up."""
+    by = store_by_method(r)["store_by_method"]
+    workers = [t for t in store_by_method(r)["store_by_task"] if t["rank"] != 0]
+    print("| method | calls/s | keys/s | calls/s per worker (med) | keys/s per worker (med) | after up: calls | keys |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for m in sorted(set(by["steady_per_s"]) | set(by["after_up"])):
+        c, k = by["steady_per_s"].get(m, [0, 0])
+        wc = _med(t["steady_per_s"].get(m, [0, 0])[0] for t in workers)
+        wk = _med(t["steady_per_s"].get(m, [0, 0])[1] for t in workers)
+        ac, ak = by["after_up"].get(m, [0, 0])
+        print(f"| {m} | {c:.1f} | {k:.1f} | {wc:.2f} | {wk:.1f} | {ac:.0f} | {ak:.0f} |")
+
+
 def summarize(r: dict) -> Dict[str, float]:
     """The scalar measurements of one run (times in s unless _ms, rates per s, memory in MB)."""
     n, ends, t0 = r["tasks"], r.get("ends", []), r["t0"]
@@ -35,6 +87,7 @@ def summarize(r: dict) -> Dict[str, float]:
     workers = [e for e in ends if e["rank"] != 0]
     ps = [e for e in ends if e["rank"] == 0]
     calls = [_rate(e, "steady", "fanin") for e in ends]
+    after_up = [_rate(e, "up", "steady") for e in ends if "up" in e["marks"]]
     calls_ok = [c for c in calls if c == c]
     beats = r["beats_per_task_s"]
     lat = [x for e in workers for x in e["lat"]]
@@ -55,6 +108,8 @@ def summarize(r: dict) -> Dict[str, float]:
         "store_ops_s": sum(calls_ok) * n / max(1, len(calls_ok)) + sum(beats),
         "ps_ops_s": calls[0] if ps and ps[0]["rank"] == 0 and calls else float("nan"),
         "worker_ops_s": _med(_rate(e, "steady", "fanin") for e in workers),
+        "after_up_ops_s": _med(after_up) if after_up else float("nan"),
+        "store_keys_s": sum(_keys_rate(e) for e in ends),
         "beats_med": _med(beats),
         "beats_min": min(beats) if beats else float("nan"),
         "check_ms": 1000 * _med(checks),

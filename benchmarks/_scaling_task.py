@@ -25,7 +25,8 @@ import threading
 import time
 from collections import Counter
 
-STEADY, FANIN, WATCH = "steady", "fanin", "watch"
+UP, STEADY, FANIN, WATCH = "up", "steady", "fanin", "watch"
+BATCHED = ("check", "multi_get", "multi_set", "wait")  # methods whose first argument is a list of keys
 
 
 def echo(x):
@@ -34,10 +35,11 @@ def echo(x):
 
 
 class _CountedStore:
-    """The Server's store with its calls counted (what this task asks of the store host)."""
+    """The Server's store with its calls, and the keys they name, counted per method (what this task asks of the
+    store host: a multi_get of k keys is one call and k keys)."""
 
     def __init__(self, store):
-        self._store, self.calls = store, Counter()
+        self._store, self.calls, self.keys, self.sites = store, Counter(), Counter(), Counter()
 
     def __getattr__(self, name):
         attr = getattr(self._store, name)
@@ -46,9 +48,26 @@ class _CountedStore:
 
         def counted(*args, **kwargs):
             self.calls[name] += 1
+            self.keys[name] += len(args[0]) if name in BATCHED and args else 1
+            self.sites[f"{name} < {_callers()}"] += 1
             return attr(*args, **kwargs)
 
         return counted
+
+    def by_method(self) -> dict:
+        """{method: [calls, keys]} so far."""
+        return {m: [self.calls[m], self.keys[m]] for m in self.calls}
+
+
+def _callers(depth: int = 3) -> str:
+    """The towerflow functions that made a store call, innermost first ("module.function < ...")."""
+    out, f = [], sys._getframe(2)
+    while f is not None and len(out) < depth:
+        mod = f.f_globals.get("__name__", "")
+        if mod.startswith("towerflow."):
+            out.append(f"{mod.rsplit('.', 1)[-1]}.{f.f_code.co_name}")
+        f = f.f_back
+    return " < ".join(out) or "?"
 
 
 def _timed(obj, name: str, into: dict) -> None:
@@ -91,6 +110,10 @@ def run_task(cfg: dict, rank: int) -> None:
     from towerflow.errors import PeerLost
 
     torch.set_num_threads(1)
+    if cfg.get("watch_from") is not None:  # force the direct check (a large number) or the group watch (0)
+        from towerflow.cluster.membership import watch
+
+        watch.WATCHED_FROM = cfg["watch_from"]
     job, index = ("ps", 0) if rank == 0 else ("worker", rank - 1)
     timings: dict = {}
     server = Server(cfg["cluster"], job, index, start=False)
@@ -108,15 +131,19 @@ def run_task(cfg: dict, rank: int) -> None:
         "pid": os.getpid(), "start": t_start, "imported": t_imported, "up": t_up, "cpu_up": _cpu(),
         "meet_s": timings["meet"][0], "join_rpc_s": timings[joins][0]}))
     marks: dict = {}  # phase -> (time, store calls so far, cpu seconds)
-    went = {p: threading.Event() for p in (FANIN, WATCH)}
+    by_method: dict = {}  # phase -> {method: [calls, keys]} so far
+    sites: dict = {}  # phase -> {"method < caller < ...": calls} so far
+    went = {p: threading.Event() for p in (STEADY, FANIN, WATCH)}
 
     def follow() -> None:  # the driver's phase changes, waited on in the store (no polling)
-        for phase in (FANIN, WATCH):
+        for phase in (STEADY, FANIN, WATCH):
             ctrl.wait([f"bench/go/{phase}"], datetime.timedelta(seconds=cfg["run_timeout"]))
             marks[phase] = (time.time(), sum(counted.calls.values()), _cpu())
+            by_method[phase] = counted.by_method()
+            sites[phase] = dict(counted.sites)
             went[phase].set()
 
-    marks[STEADY] = (time.time(), 0, _cpu())
+    marks[UP] = (time.time(), 0, _cpu())
     threading.Thread(target=follow, daemon=True).start()
     end = {"rank": rank, "calls_by_kind": {}, "lat": []}
     try:
@@ -134,7 +161,7 @@ def run_task(cfg: dict, rank: int) -> None:
             server.wait_watching(torch.futures.Future(), serving=("ps",))  # until a peer is lost
     except PeerLost as e:
         end.update(detected=time.time(), lost=e.task, error=str(e)[:300])
-    end.update(marks=marks, calls_by_kind=dict(counted.calls), cpu_end=_cpu(),
+    end.update(marks=marks, by_method=by_method, sites=sites, calls_by_kind=dict(counted.calls), cpu_end=_cpu(),
                checks=timings.get("check_peers", []), end=time.time())
     ctrl.set(f"bench/end/{rank}", json.dumps(end))
     os._exit(0)  # no leave: the driver measures joining, beating and noticing a loss

@@ -14,6 +14,10 @@ launcher's token and TOWERFLOW_STORE) each create a `towerflow.Server`. Measured
   each task's and the store host's CPU, the machine's, a side client's get latency, memory (RSS, USS);
 * fan-in (`--fanin` s): every worker calls the ps in a loop (one 1 KB call in flight each): calls/s, latency;
 * detection: the last worker is SIGKILLed; how long until each other task raises PeerLost.
+Every task counts its store calls and the keys they name per method (get, multi_get, check, add, ...), from its
+Server being up to the driver's steady mark (the rest of the join), and over the steady window; the run JSON
+keeps them per task (`store_by_task`) and summed (`store_by_method`).
+`--watch direct|group` forces the direct peer check or the group watch (watch.py) whatever the size.
 With `--src NAME=DIR` twice, the tasks run each source tree in turn (old and new code interleaved).
 Every process is killed at the end (process groups); every wait has a deadline.
 """
@@ -35,7 +39,7 @@ from typing import Dict, List, Optional
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _scaling_report import print_table, summarize  # noqa: E402
+from _scaling_report import print_methods, print_table, store_by_method, summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = Path(__file__).resolve().parent / "_scaling_task.py"
@@ -82,7 +86,7 @@ def _latencies(store, seconds: float, key: str = "coordinator") -> List[float]:
     return out
 
 
-def one_run(n: int, src: str, args, tmp: Path) -> dict:
+def one_run(n: int, src: str, args, tmp: Path, watch: str = "auto") -> dict:
     from towerflow.cluster.store import c10d
     from towerflow.cluster.ports import LOOPBACK, PortReservation
 
@@ -91,7 +95,8 @@ def one_run(n: int, src: str, args, tmp: Path) -> dict:
     addr = [f"{LOOPBACK}:{p}" for p in ports]
     cfg = {"tasks": n, "spawn": args.spawn, "store": addr[0], "token": os.urandom(8).hex(),
            "cluster": {"ps": [addr[1]], "worker": addr[2:]}, "join_timeout": args.run_timeout,
-           "run_timeout": args.run_timeout, "fanin_floats": 256}
+           "run_timeout": args.run_timeout, "fanin_floats": 256,
+           "watch_from": {"auto": None, "direct": 1 << 30, "group": 0}[watch]}
     cfg["env"] = {"TOWERFLOW_STORE": cfg["store"], "TOWERFLOW_CLUSTER_TOKEN": cfg["token"],
                   "TOWERFLOW_JOIN_TIMEOUT": str(args.run_timeout),
                   "TOWERFLOW_HEARTBEAT_TIMEOUT": str(args.heartbeat_timeout), "OMP_NUM_THREADS": "1"}
@@ -134,6 +139,7 @@ def one_run(n: int, src: str, args, tmp: Path) -> dict:
         procs = [psutil.Process(u["pid"]) for u in ups]
         beat_keys = ["beat/ps/0"] + [f"beat/worker/{i}" for i in range(n - 1)]
         # steady: every task beating and watching
+        client.set("bench/go/steady", "1")  # the tasks' steady window starts here, after every task is up
         c0, h0, m0, b0, s0 = _cpu(procs), _cpu([host_ps])[0], psutil.cpu_times(), client.multi_get(beat_keys), time.time()
         out["probe_steady"] = _latencies(client, args.steady)
         c1, h1, m1, b1, s1 = _cpu(procs), _cpu([host_ps])[0], psutil.cpu_times(), client.multi_get(beat_keys), time.time()
@@ -244,6 +250,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steady", type=float, default=10.0)
     ap.add_argument("--fanin", type=float, default=5.0)
     ap.add_argument("--run-timeout", "--run_timeout", type=float, default=300.0)
+    ap.add_argument("--watch", choices=("auto", "direct", "group"), nargs="+", default=["auto"],
+                    help="how tasks check their peers: as the code decides by size, or forced (several: interleaved)")
     ap.add_argument("--src", action="append", default=[], help="NAME=DIR: the source tree the tasks import")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling.json"))
     args = ap.parse_args(argv)
@@ -268,11 +276,12 @@ def main(argv=None) -> None:
                 refused.append(msg)
                 continue
             for rep in range(1 if n == PILOT and n not in args.tasks else args.repeats):
-                for name, src in srcs.items():
-                    where = Path(tmp) / f"{name}-{n}-{rep}"
+                for (name, src), watch in [(s, w) for s in srcs.items() for w in args.watch]:
+                    name = name if watch == "auto" else f"{name}/{watch}"
+                    where = Path(tmp) / f"{name.replace('/', '-')}-{n}-{rep}"
                     where.mkdir()
                     try:
-                        r = one_run(n, src, args, where)
+                        r = one_run(n, src, args, where, watch)
                     except Exception as e:  # noqa: BLE001  (recorded with the tasks' last words; the next run goes on)
                         err = (where / "tasks.err").read_text(errors="replace") if (where / "tasks.err").exists() else ""
                         err = "\n".join(line for line in err.splitlines() if "waiting for" not in line)[-3000:]
@@ -284,12 +293,13 @@ def main(argv=None) -> None:
                     runs.append(r)
                     s = summarize(r)
                     print(f"{name} N={n} repeat {rep}: " + ", ".join(f"{k} {v}" for k, v in s.items()), flush=True)
+                    print_methods(r)
     rows = print_table(runs)
     meta = {"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total / (1 << 30):.0f} GiB",
             "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "python": sys.version.split()[0], "refused": refused, "failed": failed, "store_costs": costs, "sources": srcs}
     slim = [{k: v for k, v in r.items() if k not in ("ups", "ends", "probe_idle", "probe_steady")} | summarize(r)
-            for r in runs]
+            | store_by_method(r) for r in runs]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "table": rows, "runs": slim}, indent=1))
     print(f"results: {args.out}")

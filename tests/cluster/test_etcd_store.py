@@ -88,6 +88,16 @@ def test_it_answers_every_call_as_the_tcpstore_does(etcd, free_ports):
     assert _script(dist.PrefixStore("towerflow", _store(cluster))) == expected  # c10d's C++ calling into Python
 
 
+def test_a_batch_of_more_keys_than_a_transaction_holds_is_read_in_parts(etcd):
+    """etcd refuses a transaction of more than 128 operations; a check of every task's beat and incarnation names
+    2N keys (and a wait for all slots N): 300 keys are checked, read and written in parts."""
+    store = _store(etcd(1))
+    keys = [f"beat/worker/{i}" for i in range(300)]
+    store.multi_set(keys, [str(i) for i in range(300)])
+    assert store.check(keys) and not store.check(keys + ["nope"])
+    assert store.multi_get(keys) == [str(i).encode() for i in range(300)]
+
+
 def test_gloo_forms_a_process_group_over_it(etcd, procs):
     cluster = etcd(1)
     prefix = f"test/{uuid.uuid4().hex}"

@@ -87,6 +87,38 @@ def test_the_done_set_follows_every_change_of_a_done_key(monkeypatch):
     assert m.done_tasks() == frozenset()
 
 
+def test_tasks_finishing_one_by_one_cost_a_waiting_task_a_few_calls_each(monkeypatch):
+    """At the end of a run every task says it is done, one after another, while the others wait in the end barrier
+    or a peer check: each change costs a reader the version and one batched read of what changed, whatever the
+    cluster's size (not every task's done and stand-in keys again, 2N calls per change and N³ in all)."""
+    s = _cluster(64, monkeypatch)
+    m, store = s.membership, s.rendezvous.store
+    m.done_tasks()
+    others = [t for t in s.cluster.tasks() if (t.job, t.task) != ("worker", 0)]
+    for t in others:
+        finished = Server(s.cluster, t.job, t.task, start=False)
+        finished.rendezvous.store = store
+        ending.mark_done(finished.rendezvous)
+        before = store.calls
+        assert (t.job, t.task) in m.done_tasks()
+        assert store.calls - before <= 3  # the version; the change's record: a check and a multi_get
+    assert m.done_tasks() == {(t.job, t.task) for t in others}
+
+
+def test_a_change_counted_and_not_yet_recorded_is_read_from_the_keys(monkeypatch):
+    s = _cluster(8, monkeypatch)
+    m, rv = s.membership, s.rendezvous
+    assert m.done_tasks() == frozenset()
+    rv.store.set("done/worker/3", "1")
+    rv.store.add(ending.DONE_VERSION, 1)  # its task is between the version's bump and the record
+    assert m.done_tasks() == {("worker", 3)}
+    rv.store.set(f"{ending.CHANGE}1", '["done/worker/3", true]')
+    m.stand_in("ps", 0, "ps:1")
+    assert m.stood_in() == {("ps", 0)} and m.done_tasks() == {("worker", 3)}
+    m.stand_in("ps", 0, None)
+    assert m.stood_in() == frozenset()
+
+
 def test_a_silent_peer_is_still_found_with_the_batched_reads(monkeypatch):
     s = _cluster(8, monkeypatch)
     seen: dict = {}

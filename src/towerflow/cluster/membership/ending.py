@@ -25,8 +25,9 @@ records that run's end (`record_end`): such a restart learns that its run ended 
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Collection, Sequence, Tuple
+from typing import Collection, List, Optional, Sequence, Tuple
 
 from towerflow import _log
 from towerflow.cluster.membership import failures as _failures
@@ -38,6 +39,7 @@ END_KEY = "cluster/end"  # "" or a rejoin's mark while the cluster runs, ENDED o
 ENDED = "ended"
 _MARKS = "cluster/rejoin_marks"  # a counter: each rejoin's mark is unique, so no two compare-and-sets pass as one
 DONE_VERSION = "cluster/done_version"  # bumped after every change to a done or stand-in key (see done_version)
+CHANGE = "cluster/done_change/"  # + n: which key the n-th change set or deleted (see count_change)
 
 
 def done_version(store: Store) -> int:
@@ -51,12 +53,27 @@ def done_version(store: Store) -> int:
 def mark_done(rendezvous) -> None:
     """Say in the store that this task is done (`Server.join`)."""
     rendezvous.mark("done")
-    count_change(rendezvous.store)
+    count_change(rendezvous.store, rendezvous.key("done"), True)
 
 
-def count_change(store: Store) -> None:
-    """Bump the done version, after a done key (or a stand-in key: membership.py) changed."""
-    store.add(DONE_VERSION, 1)
+def count_change(store: Store, key: str, is_set: bool) -> None:
+    """Bump the done version after a done key (or a stand-in key: membership.py) was set or deleted, and record
+    which one under the new number: a reader then reads the changes since its last read in one call instead of
+    every task's keys again (which, as each of N tasks says it is done at the end of a run, made every one of N
+    waiting tasks read 2N keys one call at a time: N³ calls)."""
+    number = int(store.add(DONE_VERSION, 1))
+    store.set(f"{CHANGE}{number}", json.dumps([key, is_set]))
+
+
+def changes(store: Store, after: int, upto: int) -> Optional[List[Tuple[str, bool]]]:
+    """The changes numbered after+1 .. upto, in order, as (key, set or deleted); None while one of them is counted and
+    not recorded yet (its task is between the two calls of count_change): the caller reads the keys themselves."""
+    keys = [f"{CHANGE}{n}" for n in range(after + 1, upto + 1)]
+    if not keys:
+        return []
+    if not store.check(keys):
+        return None
+    return [(key, bool(is_set)) for key, is_set in (json.loads(v) for v in store.multi_get(keys))]
 
 
 def _read(store: Store) -> str:
@@ -74,7 +91,7 @@ def try_end(store: Store, done_keys: Sequence[str]) -> bool:
     seen = _read(store)
     if seen == ENDED:
         return True
-    if not all(store.check([key]) for key in done_keys):
+    if done_keys and not store.check(list(done_keys)):  # one call: all of them set
         return False
     return store.compare_set(END_KEY, seen, ENDED).decode() == ENDED
 
@@ -85,13 +102,13 @@ def take_back_done(store: Store, done_key: str) -> bool:
     if not store.check([done_key]):
         return True  # it died before it was done: the cluster cannot end without this task
     store.delete_key(done_key)
-    store.add(DONE_VERSION, 1)
+    count_change(store, done_key, False)
     mark = f"rejoin {store.add(_MARKS, 1)}"
     while True:
         seen = _read(store)
         if seen == ENDED:
             store.set(done_key, "1")
-            store.add(DONE_VERSION, 1)
+            count_change(store, done_key, True)
             return False
         if store.compare_set(END_KEY, seen, mark).decode() == mark:
             return True

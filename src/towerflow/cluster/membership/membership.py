@@ -208,12 +208,24 @@ class Membership:
 
     def _marked(self) -> Tuple[frozenset, frozenset]:
         """The tasks done, and those stood in for: one store call while no done or stand-in key has changed since
-        the last read (ending.done_version counts changes to both), else two per task."""
-        version = _ending.done_version(self._store)
-        if version != self._marks[0]:
+        the last read (ending.done_version counts changes to both), else three (the changes since, in one batch:
+        ending.changes); two per task only while a change is counted and not yet recorded."""
+        version, (last, done, stood_in) = _ending.done_version(self._store), self._marks
+        if version == last:
+            return done, stood_in
+        found = _ending.changes(self._store, max(last, 0), version)
+        if found is None:
             rv, tasks = self.rendezvous, self.cluster.tasks()
             self._marks = (version, *(frozenset((t.job, t.task) for t in tasks if rv.is_marked(kind, t.job, t.task))
                                       for kind in ("done", "stood_in")))
+            return self._marks[1], self._marks[2]
+        sets = {"done": set(done), "stood_in": set(stood_in)}
+        for key, is_set in found:
+            kind, task = key.split("/", 1)
+            job, index = task.rsplit("/", 1)
+            if kind in sets:
+                (sets[kind].add if is_set else sets[kind].discard)((job, int(index)))
+        self._marks = (version, frozenset(sets["done"]), frozenset(sets["stood_in"]))
         return self._marks[1], self._marks[2]
 
     def stood_in_by(self, job: str, index: int) -> Optional[str]:
@@ -231,7 +243,7 @@ class Membership:
             self._store.set(key, by)
         elif not self._store.check([key]) or not self._store.delete_key(key):
             return
-        _ending.count_change(self._store)
+        _ending.count_change(self._store, key, by is not None)
 
     def failures_of(self, tasks: Sequence[DeviceSpec]):
         """The final failures among `tasks`; one store call while no task of the cluster has recorded any."""

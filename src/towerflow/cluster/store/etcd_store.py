@@ -28,6 +28,7 @@ from towerflow.cluster.store.etcd import compare, put_op, range_kvs, range_op
 LEASE_TTL = 20  # seconds a run's keys outlive its last process
 OUTLIVE_TTL = 24 * 3600  # seconds a record that outlives its run is kept (`remember`)
 POLL_FIRST, POLL_MAX = 0.01, 0.2  # a blocking get polls this often, backing off
+TXN_OPS = 128  # etcd's default --max-txn-ops: a batched call of more keys is split into transactions of this many
 # Every EtcdStore of this process, for its lifetime: a PrefixStore (C++) over one holds only its C++ half,
 # and once the Python object is collected its methods fall back to c10d's "Not implemented".
 _OPEN: List["EtcdStore"] = []
@@ -117,10 +118,11 @@ class EtcdStore(dist.Store):
 
     def check(self, keys) -> bool:
         keys = list(keys)
-        if not keys:
-            return True
-        held, _ = self.client.txn([compare(self._key(k), "VERSION", 0, "GREATER") for k in keys], [])
-        return held
+        for part in _parts(keys):  # all of them set; a key once set is not unset by the protocol's batched reads
+            held, _ = self.client.txn([compare(self._key(k), "VERSION", 0, "GREATER") for k in part], [])
+            if not held:
+                return False
+        return True
 
     def wait(self, keys, timeout: Optional[datetime.timedelta] = None) -> None:
         self._wait_for(list(keys), self.timeout if timeout is None else timeout)
@@ -130,7 +132,8 @@ class EtcdStore(dist.Store):
 
     def multi_set(self, keys, values) -> None:
         ops = [put_op(self._key(k), _bytes(v), self.lease) for k, v in zip(keys, values)]
-        self.client.txn([], ops)
+        for part in _parts(ops):  # atomic per TXN_OPS keys
+            self.client.txn([], part)
 
     def add(self, key, value: int) -> int:
         """Add `value` to the counter at `key` (absent: 0) atomically; a counter this process alone writes
@@ -200,8 +203,7 @@ class EtcdStore(dist.Store):
         deadline = time.monotonic() + timeout.total_seconds()
         pause = POLL_FIRST
         while True:
-            _, responses = self.client.txn([], [range_op(k) for k in full])
-            values = [range_kvs(r) for r in responses]
+            values = [range_kvs(r) for part in _parts(full) for r in self.client.txn([], [range_op(k) for k in part])[1]]
             if all(values):
                 return [v[0]["value"] for v in values]
             if time.monotonic() >= deadline:
@@ -210,3 +212,9 @@ class EtcdStore(dist.Store):
                                           f"etcd at {self.client.describe()} (prefix {self.prefix.decode()})")
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(POLL_MAX, pause * 2)
+
+
+def _parts(items: List) -> List[List]:
+    """`items` in runs of at most TXN_OPS: etcd refuses a transaction of more operations ("too many operations in
+    txn request"), and a check or read of every task's keys names 2N of them."""
+    return [items[i:i + TXN_OPS] for i in range(0, len(items), TXN_OPS)]

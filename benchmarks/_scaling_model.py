@@ -1,0 +1,227 @@
+"""A model of towerflow's cluster protocol against its rendezvous store: the store work of the heartbeats and the
+peer checks (the direct check and the group watch, cluster/membership/), the join, and how long a loss takes to
+be noticed. benchmarks/scaling_sim.py checks it against the measured runs and extrapolates; docs/scaling.md reads it.
+
+Every rate below is read off the code (the caller of each store call is named); the store's costs come from
+benchmarks/store_calibration.py. Times in seconds, CPU in seconds of one core per second, costs in µs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+BEAT_EVERY = 1.0  # rendezvous.BEAT_EVERY: one `add` per task per second (membership._start_heartbeat)
+CHECK_EVERY = 1.0  # a worker's peer check while it waits (membership.wait_watching)
+BARRIER_EVERY = 0.2  # a task in the end barrier (membership.wait_until_all_done: 2 * POLL)
+WATCH_EVERY = 0.5  # watch.WATCH_EVERY: a task's tick (its group, or its watcher)
+WATCHED_FROM = 32  # watch.WATCHED_FROM: larger clusters are watched by group
+POLL = 0.1  # rendezvous.POLL: a wait for all slots / all up
+
+Load = Dict[str, Tuple[float, float]]  # method -> (calls/s, keys/s)
+
+
+@dataclass(frozen=True)
+class StoreCosts:
+    """What the store spends per call and per key (server CPU µs), and a call's round trip seen by a client (µs)."""
+
+    cpu_call: Dict[str, float]
+    cpu_key: Dict[str, float]
+    round_trip: float
+    cores: float = 1.0  # the cores its server can use (TCPStore: one event loop)
+
+    def cpu(self, load: Load) -> float:
+        """Seconds of server CPU per second for `load`."""
+        return sum(1e-6 * (c * self.cpu_call.get(m, self.cpu_call["add"]) + k * self.cpu_key.get(m, 0.0))
+                   for m, (c, k) in load.items())
+
+    @classmethod
+    def from_calibration(cls, r: dict, cores: float = 1.0) -> "StoreCosts":
+        """From one store's section of store_calibration.py's JSON (`set` is costed as `add`: TCPStore's set
+        is pipelined, so its single-client figure says little)."""
+        call = {m: r[m]["server_cpu_us"] for m in ("get", "add")}
+        call["set"] = call["compare_set"] = call["add"]
+        key = {}
+        for m in ("check", "multi_get"):
+            fit = r[f"{m}_server_cpu_us_fit"]
+            call[m], key[m] = fit["per_call"], fit["per_key"]
+        return cls(call, key, r["add"]["wall_us"], cores)
+
+
+def _plus(load: Load, method: str, calls: float, keys_per_call: float = 1.0) -> None:
+    c, k = load.get(method, (0.0, 0.0))
+    load[method] = (c + calls, k + calls * keys_per_call)
+
+
+def uses_group_watch(n: int) -> bool:
+    return n > WATCHED_FROM
+
+
+def group_size(n: int) -> int:
+    return max(1, math.ceil(math.sqrt(n)))
+
+
+def steady_load(n: int, ps: int = 1, group: bool = None, barrier_ps: bool = True) -> Load:
+    """The cluster's store calls and keys per second once every task is up: N beats; each worker's peer check
+    (`check_peers`) once a second; each ps in the end barrier (`wait_until_all_done`) five times a second (a ps
+    calls `join()` as soon as it serves); with the group watch, every task's tick twice a second.
+    `group`: None as the code decides by size (above WATCHED_FROM tasks)."""
+    group = uses_group_watch(n) if group is None else group
+    workers, barrier = n - ps, (ps if barrier_ps else 0)
+    load: Load = {}
+    _plus(load, "add", n / BEAT_EVERY)
+    checks, polls = workers / CHECK_EVERY, barrier / BARRIER_EVERY
+    if not group:
+        # ending.done_version, failures.any_recorded, then membership.beats_of: check + multi_get of every other
+        # task's beat and incarnation (2 keys each)
+        for rate in (checks, polls):
+            _plus(load, "add", 2 * rate)
+            _plus(load, "check", rate, 2 * (n - 1))
+            _plus(load, "multi_get", rate, 2 * (n - 1))
+        return load
+    # the verdicts: done_version, any_recorded, and watch._refresh's lost/version (watch.lost_among)
+    _plus(load, "add", 3 * (checks + polls))
+    # watch.tick: lost/version, then beats_of of its targets (the watcher: the group's other members; a member:
+    # its watcher)
+    g = group_size(n)
+    groups = math.ceil(n / g)
+    ticks = n / WATCH_EVERY
+    _plus(load, "add", ticks)
+    watcher_keys, member_keys = 2 * (g - 1), 2
+    watchers, members = groups, n - groups
+    for count, keys in ((watchers, watcher_keys), (members, member_keys)):
+        _plus(load, "check", count / WATCH_EVERY, keys)
+        _plus(load, "multi_get", count / WATCH_EVERY, keys)
+    return load
+
+
+def done_reread(n: int, readers: int, changes: int, batched: bool) -> Load:
+    """The store work of `changes` changes to the done set read by `readers` tasks: before the change log, two
+    one-key checks per task per change (membership._marked); with it, a check and a multi_get of the new records
+    (ending.changes)."""
+    load: Load = {}
+    if batched:
+        _plus(load, "check", readers * changes, 1)
+        _plus(load, "multi_get", readers * changes, 1)
+    else:
+        _plus(load, "check", readers * changes * 2 * n, 1)
+    return load
+
+
+def total(load: Load) -> Tuple[float, float]:
+    """(calls/s, keys/s)."""
+    return sum(c for c, _ in load.values()), sum(k for _, k in load.values())
+
+
+def scaled(load: Load, by: float) -> Load:
+    return {m: (c * by, k * by) for m, (c, k) in load.items()}
+
+
+def merged(*loads: Load) -> Load:
+    out: Load = {}
+    for load in loads:
+        for m, (c, k) in load.items():
+            _plus(out, m, c, k / c if c else 0.0)
+    return out
+
+
+def wait_in_queue(utilization: float, service_s: float) -> float:
+    """A call's mean wait at a store busy `utilization` of the time (M/M/1: ρ/(1-ρ) services); inf at saturation."""
+    if utilization >= 1.0:
+        return math.inf
+    return service_s * utilization / (1.0 - utilization)
+
+
+def store_latency(load: Load, costs: StoreCosts) -> Tuple[float, float]:
+    """(utilization of the store's cores, a call's round trip in s including its wait)."""
+    util = costs.cpu(load) / costs.cores
+    calls = max(1.0, total(load)[0])
+    service = costs.cpu(load) / calls
+    return util, 1e-6 * costs.round_trip + wait_in_queue(util, service)
+
+
+def detection(n: int, timeout: float, latency: float, group: bool = None, trials: int = 400,
+              seed: int = 0) -> Dict[str, float]:
+    """When the survivors notice a SIGKILLed worker (s after the kill): a discrete-event draw of the phases.
+
+    The victim beat last `a` ~ U(0, 1) s before the kill. Direct: a checker (every CHECK_EVERY s, its own phase)
+    first sees the last count at its first check after that beat and raises at the first check more than
+    `timeout` later. Group: the victim's watcher does the same every WATCH_EVERY s and publishes; each survivor
+    reads the publication at its next check. Each store read adds `latency`. inf when latency ≥ timeout (beats
+    read too late: healthy tasks would be taken for lost)."""
+    if latency >= timeout:
+        return {"first": math.inf, "med": math.inf, "max": math.inf}
+    group = uses_group_watch(n) if group is None else group
+    rng, out = random.Random(seed), []
+    for _ in range(trials):
+        last_beat = -rng.uniform(0, BEAT_EVERY)
+        every = WATCH_EVERY if group else CHECK_EVERY
+        phase = rng.uniform(0, every)
+        first_seen = last_beat + phase + latency  # the first read after the last beat
+        # the first read more than `timeout` later: reads come a little over `every` apart (the wait, then the
+        # read itself), so the ceil(timeout / every)-th one is already past it
+        noticed = first_seen + math.ceil(timeout / every) * every
+        if group:
+            noticed += rng.uniform(0, CHECK_EVERY) + latency  # a survivor's next check reads lost/version
+        out.append(noticed)
+    out.sort()
+    return {"first": out[0], "med": statistics.median(out), "max": out[-1]}
+
+
+def join_after_last_start(n: int, latency: float, round_trips: int = 12) -> float:
+    """From the last task's start (torch imported) until every task is up, protocol only: the last task's own
+    round trips (store, publisher, slot, its endpoint's address, first beat, incarnation, up: `round_trips`),
+    and two waits for all (slots, then up) that each see the last key at most one POLL late."""
+    return round_trips * latency + 2 * POLL
+
+
+def join_poll_load(n: int, missing: int) -> Load:
+    """The store work of the N - `missing` tasks already waiting for all while `missing` keys are unset
+    (rendezvous.unmarked): a check of every missing key, then one-key checks up to the first unset, ten times a
+    second each. Largest at missing = N/2."""
+    load: Load = {}
+    waiting = n - missing
+    if missing <= 0 or waiting <= 0:
+        return load
+    _plus(load, "check", waiting / POLL, missing)
+    _plus(load, "check", waiting / POLL, 1)  # the walk stops at the first unset key: about one in random arrival order
+    return load
+
+
+def fanin_latency(workers: int, ps_calls_per_s: float) -> float:
+    """A worker's small call to one ps, every worker one in flight: W / X (closed loop at the ps's capacity)."""
+    return workers / ps_calls_per_s
+
+
+def predict(n: int, ps: int, costs: StoreCosts, timeout: float = 5.0, group: bool = None) -> dict:
+    """The steady store load, its utilization and latency, the detection time and the join's protocol time."""
+    load = steady_load(n, ps, group)
+    util, latency = store_latency(load, costs)
+    calls, keys = total(load)
+    join_load = merged(load, join_poll_load(n, n // 2))  # half the cluster still missing: the storm's peak
+    join_util, join_latency = store_latency(join_load, costs)
+    return {"tasks": n, "ps": ps, "group_watch": uses_group_watch(n) if group is None else group,
+            "store_calls_s": calls, "store_keys_s": keys, "store_cpu_s": costs.cpu(load), "store_util": util,
+            "call_latency_s": latency, "join_peak_util": join_util,
+            "join_after_last_start_s": join_after_last_start(n, join_latency),
+            "detect": detection(n, timeout, latency, group)}
+
+
+def break_point(costs: StoreCosts, group: bool = None, ps_per: int = 100, lo: int = 8, hi: int = 10 ** 6) -> int:
+    """The smallest N (one ps per `ps_per` tasks) whose steady load saturates the store."""
+    def saturated(n: int) -> bool:
+        return store_latency(steady_load(n, max(1, n // ps_per), group), costs)[0] >= 1.0
+
+    if not saturated(hi):
+        return hi
+    while hi - lo > max(1, lo // 100):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if saturated(mid) else (mid, hi)
+    return hi
+
+
+def rows(sizes: List[int], ps_per: int, costs: StoreCosts, timeout: float = 5.0) -> List[dict]:
+    return [predict(n, max(1, n // ps_per), costs, timeout) for n in sizes]

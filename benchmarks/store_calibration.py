@@ -1,0 +1,163 @@
+"""What one call and one key cost the rendezvous store: the figures benchmarks/scaling_sim.py's model runs on.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/store_calibration.py [--etcd] [--out FILE]
+
+The embedded store: a torch TCPStore served (as `towerflow launch` serves it, `c10d.host_store`) by a process of
+its own, called over loopback by one client in this process, so the server's CPU (read from its process) is the
+store's alone. etcd (`--etcd`): /usr/bin/etcd started on free loopback ports, data on tmpfs, called through
+towerflow's `EtcdStore` (its v3 JSON gateway), killed at the end. For each method (get, set, add, and check /
+multi_get of 1 to 1,024 keys) it measures the client's wall time per call and the server's CPU per call, and fits
+the batched methods' server CPU as `per call + per key * keys`. One client calls at a time: the server's CPU per
+call is then an upper bound of what it spends under load (wake-ups are not shared), and 1 / (CPU per call) its
+capacity on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCHES = (1, 16, 128, 1024)
+_HOST = """
+import sys, time
+from towerflow.cluster.store import c10d
+sock = c10d.listen("127.0.0.1", 0)
+store = c10d.host_store(sock, 60)
+print(store.port, flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def measure(call: Callable[[], object], server: psutil.Process, seconds: float) -> Dict[str, float]:
+    """Call `call` for about `seconds`: the client's wall µs per call and the server's CPU µs per call."""
+    for _ in range(20):  # warm
+        call()
+    n, c0, t0 = 0, _cpu(server), time.perf_counter()
+    while True:
+        for _ in range(50):
+            call()
+        n += 50
+        if time.perf_counter() - t0 >= seconds:
+            break
+    wall, cpu = time.perf_counter() - t0, _cpu(server) - c0
+    return {"calls": n, "wall_us": 1e6 * wall / n, "server_cpu_us": 1e6 * cpu / n}
+
+
+def _fit(points: List[tuple]) -> Dict[str, float]:
+    """Least squares of y = a + b * k over (k, y)."""
+    ks, ys = [p[0] for p in points], [p[1] for p in points]
+    mk, my = sum(ks) / len(ks), sum(ys) / len(ys)
+    b = sum((k - mk) * (y - my) for k, y in zip(ks, ys)) / max(1e-12, sum((k - mk) ** 2 for k in ks))
+    return {"per_call": max(0.0, my - b * mk), "per_key": max(0.0, b)}
+
+
+def calibrate(store, server: psutil.Process, seconds: float, prefix: str = "beat/worker/") -> dict:
+    keys = [f"{prefix}{i}" for i in range(max(BATCHES))]
+    for k in keys:
+        store.add(k, 1)
+    store.set("coordinator", "x" * 64)
+    out = {"get": measure(lambda: store.get("coordinator"), server, seconds),
+           "set": measure(lambda: store.set("facts/x", "1"), server, seconds),
+           "add": measure(lambda: store.add(keys[0], 0), server, seconds)}
+    for method in ("check", "multi_get"):
+        rows = {}
+        for k in BATCHES:
+            batch = keys[:k]
+            fn = getattr(store, method)
+            rows[str(k)] = measure(lambda: fn(batch), server, seconds / 2)
+        out[method] = rows
+        for what in ("wall_us", "server_cpu_us"):
+            out[f"{method}_{what}_fit"] = _fit([(k, rows[str(k)][what]) for k in BATCHES])
+    return out
+
+
+def tcpstore(seconds: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    host = subprocess.Popen([sys.executable, "-c", _HOST], env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        port = int(host.stdout.readline())
+        from towerflow.cluster.store import c10d
+
+        client = c10d.connect_store("127.0.0.1", port, 60)
+        return calibrate(client, psutil.Process(host.pid), seconds)
+    finally:
+        os.killpg(host.pid, signal.SIGKILL)
+        host.wait(10)
+
+
+def etcd(seconds: float) -> dict:
+    from towerflow.cluster.ports import PortReservation
+    from towerflow.cluster.store.etcd_store import EtcdStore
+
+    held = PortReservation(2)
+    client_port, peer_port = held.ports
+    held.release()  # etcd binds them next
+    data = Path(tempfile.mkdtemp(prefix="tf-etcd-cal-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    url, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    argv = ["etcd", "--name", "cal", "--data-dir", str(data / "m"), "--listen-client-urls", url,
+            "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"cal={peer}", "--initial-cluster-state", "new", "--log-level", "warn"]
+    proc = subprocess.Popen(argv, stdout=(data / "log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        store = EtcdStore([("127.0.0.1", client_port)], "calibration", timeout=30, reach_within=30)
+        out = calibrate(store, psutil.Process(proc.pid), seconds)
+        out["version"] = subprocess.run(["etcd", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        store.close()
+        return out
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def summary(name: str, r: dict) -> str:
+    fit = r["multi_get_server_cpu_us_fit"], r["check_server_cpu_us_fit"]
+    return (f"{name}: server CPU µs per call: get {r['get']['server_cpu_us']:.1f}, set {r['set']['server_cpu_us']:.1f}, "
+            f"add {r['add']['server_cpu_us']:.1f}; multi_get {fit[0]['per_call']:.1f} + {fit[0]['per_key']:.2f}/key, "
+            f"check {fit[1]['per_call']:.1f} + {fit[1]['per_key']:.2f}/key | client wall µs: get {r['get']['wall_us']:.0f}, "
+            f"add {r['add']['wall_us']:.0f}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=2.0, help="per method")
+    ap.add_argument("--etcd", action="store_true", help="calibrate /usr/bin/etcd too")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"store_calibration_{time.strftime('%Y-%m-%d')}.json"))
+    args = ap.parse_args(argv)
+    out = {"meta": {"machine": f"{os.cpu_count()} cores, {psutil.cpu_freq().max if psutil.cpu_freq() else '?'} MHz",
+                    "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "load_before": os.getloadavg(), "python": sys.version.split()[0]}}
+    out["tcpstore"] = tcpstore(args.seconds)
+    print(summary("TCPStore", out["tcpstore"]), flush=True)
+    if args.etcd:
+        if shutil.which("etcd") is None:
+            print("etcd: not installed, skipped", flush=True)
+        else:
+            out["etcd"] = etcd(args.seconds)
+            print(summary("etcd", out["etcd"]), flush=True)
+    out["meta"]["load_after"] = os.getloadavg()
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

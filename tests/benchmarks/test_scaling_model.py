@@ -1,0 +1,48 @@
+"""benchmarks/_scaling_model.py: the protocol's model reproduces what the code and the runs show (store work of
+the direct check growing as N², of the group watch as N; a loss noticed within the timeout plus a check)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import _scaling_model as model  # noqa: E402
+
+COSTS = model.StoreCosts({"get": 27.0, "add": 11.0, "set": 11.0, "check": 11.0, "multi_get": 15.0},
+                         {"check": 0.2, "multi_get": 0.5}, round_trip=35.0)
+
+
+def test_the_direct_check_reads_n_squared_keys_and_the_group_watch_n():
+    direct = [model.total(model.steady_load(n, 1, group=False))[1] for n in (100, 1000)]
+    group = [model.total(model.steady_load(n, 1, group=True))[1] for n in (100, 1000)]
+    assert 90 < direct[1] / direct[0] < 110  # N² : 10x the tasks, ~100x the keys
+    assert 8 < group[1] / group[0] < 12  # N
+    calls_direct = model.total(model.steady_load(1000, 1, group=False))[0]
+    assert abs(calls_direct - (1000 + 4 * 999 + 20)) < 1  # N beats + 4 calls per worker check + 20 per ps
+
+
+def test_a_worker_makes_the_calls_the_runs_counted():
+    """Per worker and second: 4 calls when checking directly, 9 in the group watch (its ticks and the verdicts),
+    as benchmarks/results/scaling_by_method_2026-11-29.json counted at 16 and 32 tasks."""
+    for group, per_worker in ((False, 4), (True, 9)):
+        one, two = (model.total(model.steady_load(n, 1, group=group))[0] for n in (64, 65))
+        assert abs((two - one) - (per_worker + 1)) < 0.5  # one more worker: its calls and its beat
+
+
+def test_a_loss_is_noticed_within_the_timeout_and_one_check():
+    for group in (False, True):
+        d = model.detection(128, 5.0, 0.001, group=group)
+        assert 4.0 <= d["first"] <= d["med"] <= d["max"]
+        assert d["max"] <= 5.0 + model.CHECK_EVERY + (model.WATCH_EVERY if group else 0) + 0.01
+    assert model.detection(128, 5.0, 6.0)["med"] == float("inf")  # reads slower than the timeout: no verdict
+
+
+def test_the_done_set_reread_is_linear_in_n_per_change_only_before_the_change_log():
+    before = model.total(model.done_reread(1000, 1000, 1, batched=False))[0]
+    after = model.total(model.done_reread(1000, 1000, 1, batched=True))[0]
+    assert before == 2 * 1000 * 1000 and after == 2 * 1000
+
+
+def test_the_store_saturates_sooner_with_the_direct_check():
+    assert model.break_point(COSTS, group=False) < 1000 < model.break_point(COSTS, group=True)
