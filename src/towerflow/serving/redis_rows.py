@@ -38,10 +38,12 @@ class RedisRows:
         return rows, versions
 
     def published(self, task: int) -> Optional[Dict[str, object]]:
-        """The last publication ps task `task` announced (seq, kind, global_step, time, rows, evicted), or None."""
+        """The last publication ps task `task` announced (seq, kind, global_step, time, rows, evicted, and the
+        seconds its writes took), or None."""
         raw = self.client.hgetall(task_key(self.model, task))
         if not raw:
             return None
         got = {k.decode(): v.decode() for k, v in raw.items()}
         return {"seq": int(got["seq"]), "kind": got["kind"], "global_step": int(got["global_step"]),
-                "time": float(got["time"]), "rows": json.loads(got["rows"]), "evicted": json.loads(got.get("evicted", "{}"))}
+                "time": float(got["time"]), "rows": json.loads(got["rows"]), "evicted": json.loads(got.get("evicted", "{}")),
+                "seconds": float(got.get("seconds", "nan"))}

@@ -4,7 +4,7 @@ Keys, for model MODEL and ps task T:
 
     towerflow:MODEL:TABLE:ID        the publication's number (int64) then the row (float32), little-endian bytes
     towerflow:MODEL:dense:NAME      hash {"v": float32/float64 bytes as the shard's dtype, "dtype", "shape"}
-    towerflow:MODEL:ps-T            hash {"seq", "kind", "global_step", "time", "rows", "evicted"}: the last publication
+    towerflow:MODEL:ps-T            hash {"seq", "kind", "global_step", "time", "rows", "evicted", "seconds"}: the last publication
                                     announced, written after all its rows
 
 The rows go in pipelined batches (an MSET of `batch_rows` rows each, not in a MULTI: a reader may see part
@@ -92,7 +92,7 @@ class RedisSink:
                             round(time.perf_counter() - started, 4), {}, gone)
         self.client.hset(task_key(self.model, self.task), mapping={
             "seq": seq, "kind": kind, "global_step": entry.global_step, "time": entry.time, "rows": json.dumps(rows),
-            "evicted": json.dumps(gone)})
+            "evicted": json.dumps(gone), "seconds": entry.seconds})
         self.next_seq = seq + 1
         return entry
 
