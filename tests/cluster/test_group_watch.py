@@ -17,25 +17,25 @@ class CountingStore:
     """The store calls the watch makes, counting the keys read."""
 
     def __init__(self):
-        self.d, self.keys_read = {}, 0
+        self.d, self.keys_read, self.calls = {}, 0, 0
 
     def check(self, keys):
-        self.keys_read += len(keys)
+        self.keys_read, self.calls = self.keys_read + len(keys), self.calls + 1
         return all(k in self.d for k in keys)
 
     def get(self, key):
-        self.keys_read += 1
+        self.keys_read, self.calls = self.keys_read + 1, self.calls + 1
         return self.d[key]
 
     def multi_get(self, keys):
-        self.keys_read += len(keys)
+        self.keys_read, self.calls = self.keys_read + len(keys), self.calls + 1
         return [self.d[k] for k in keys]
 
     def set(self, key, value):
         self.d[key] = value.encode() if isinstance(value, str) else value
 
     def add(self, key, n):
-        self.keys_read += 1
+        self.keys_read, self.calls = self.keys_read + 1, self.calls + 1
         self.d[key] = str(int(self.d.get(key, b"0")) + n).encode()
         return int(self.d[key])
 
@@ -43,7 +43,7 @@ class CountingStore:
 class Cluster:
     """N tasks beating into one store; `tick` is one round of every live task's watch."""
 
-    def __init__(self, n, max_restarts=0):
+    def __init__(self, n, max_restarts=0, batched=True):
         self.store, self.now = CountingStore(), 0.0
         self.tasks = [DeviceSpec(job="ps", replica=0, task=0)] + [DeviceSpec(job="worker", replica=0, task=i)
                                                                  for i in range(n - 1)]
@@ -52,15 +52,19 @@ class Cluster:
             self.store.set(self._key("beat", t), "0")
             self.store.set(self._key("incarnation", t), "0")
         limit = lambda incarnation: TIMEOUT + (60.0 if incarnation < max_restarts else 0.0)  # noqa: E731
+        keys = self.beat_keys if batched else None  # batched: one read of the loss count and the beats a tick
         self.watches = {(t.job, t.task): _watch.Watch(lambda: self.store, t, self.tasks, self.beats, limit,
-                                                      clock=lambda: self.now) for t in self.tasks}
+                                                      clock=lambda: self.now, beat_keys=keys) for t in self.tasks}
 
     @staticmethod
     def _key(kind, t):
         return f"{kind}/{t.job}/{t.task}"
 
+    def beat_keys(self, tasks):
+        return [self._key(kind, t) for kind in ("beat", "incarnation") for t in tasks]
+
     def beats(self, tasks):
-        keys = [self._key(kind, t) for kind in ("beat", "incarnation") for t in tasks]
+        keys = self.beat_keys(tasks)
         values = [int(v) for v in self.store.multi_get(keys)] if tasks else []
         return list(zip(values[:len(tasks)], values[len(tasks):]))
 
@@ -87,8 +91,9 @@ def test_groups_are_about_the_square_root_of_the_cluster():
     assert len(groups) == 32 and {len(g) for g in groups[:-1]} == {32} and sum(map(len, groups)) == 1000
 
 
-def test_a_silent_task_is_published_once_and_every_task_reads_the_loss():
-    c = Cluster(49)
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_silent_task_is_published_once_and_every_task_reads_the_loss(batched):
+    c = Cluster(49, batched=batched)
     victim = c.tasks[20]
     for _ in range(4):
         c.tick()
@@ -153,3 +158,19 @@ def test_the_store_reads_grow_as_the_cluster_not_as_its_square(n):
             c.lost_seen_by(t, c.tasks)
     per_task_per_look = (c.store.keys_read - before) / 10 / n
     assert per_task_per_look < 10  # a direct check reads 2N keys per task per look: 128 and 512 here
+
+
+def test_a_tick_reads_the_loss_count_and_its_targets_beats_in_one_call():
+    c = Cluster(64)
+    c.tick()  # the first tick checks that the keys exist (the loss count is created by it)
+    c.tick()
+    before = c.store.calls
+    c.tick()
+    alive = len(c.tasks) - len(c.dead)
+    assert c.store.calls - before == 2 * alive  # each task's beat and its one batched read
+    unbatched = Cluster(64, batched=False)
+    for _ in range(2):
+        unbatched.tick()
+    before = unbatched.store.calls
+    unbatched.tick()
+    assert unbatched.store.calls - before == 3 * alive  # a beat, the count and the beats (Membership checks too: 4)

@@ -45,7 +45,8 @@ class Membership:
         self._watch_thread: Optional[threading.Thread] = None
         tasks = self.cluster.tasks()  # a large cluster is watched by group (watch.py), a small one directly
         self.watch = _watch.Watch(lambda: self._store, DeviceSpec(job=rendezvous.job, replica=0, task=rendezvous.index),
-                                  tasks, self.beats_of, self._silence_limit) if len(tasks) > _watch.WATCHED_FROM else None
+                                  tasks, self.beats_of, self._silence_limit, beat_keys=self.beat_keys_of
+                                  ) if len(tasks) > _watch.WATCHED_FROM else None
         # (the done version read before the keys, the tasks done, the tasks another one stands in for)
         self._marks: Tuple[int, frozenset, frozenset] = (-1, frozenset(), frozenset())
 
@@ -188,11 +189,15 @@ class Membership:
             if thread is not None:
                 thread.join(2 * BEAT_EVERY)
 
+    def beat_keys_of(self, tasks: Sequence[DeviceSpec]) -> List[str]:
+        """The tasks' beat keys, then their incarnation keys (as `beats_of` reads them)."""
+        rv = self.rendezvous
+        return [rv.key(kind, t.job, t.task) for kind in ("beat", "incarnation") for t in tasks]
+
     def beats_of(self, tasks: Sequence[DeviceSpec]) -> List[Tuple[int, int]]:
         """Each task's heartbeat count and incarnation: two store calls for all of them (a check and a
         multi_get; docs/scaling.md), or, while one of them has not written both yet, three per task."""
-        rv = self.rendezvous
-        keys = [rv.key(kind, t.job, t.task) for kind in ("beat", "incarnation") for t in tasks]
+        rv, keys = self.rendezvous, self.beat_keys_of(tasks)
         if tasks and self._store.check(keys):
             values = [int(v) for v in self._store.multi_get(keys)]
             return list(zip(values[:len(tasks)], values[len(tasks):]))

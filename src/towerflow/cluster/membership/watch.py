@@ -27,6 +27,7 @@ WATCH_EVERY = 0.5  # seconds between two reads of a watcher's group (and of a me
 VERSION = "lost/version"  # how many losses were published; a loss's record is at lost/<number>
 
 Beats = Callable[[Sequence[DeviceSpec]], List[Tuple[int, int]]]  # (beat count, incarnation) of each task
+BeatKeys = Callable[[Sequence[DeviceSpec]], List[str]]  # the tasks' beat keys, then their incarnation keys
 
 
 def groups_of(tasks: Sequence[DeviceSpec]) -> List[List[DeviceSpec]]:
@@ -39,14 +40,19 @@ class Watch:
     """One task's part in the group watch: the watching it does (`tick`) and the losses it reads (`lost_among`).
 
     `limit(incarnation)` is how long a task of that incarnation may be silent; `store_of()` the store now
-    (None once the task left the cluster)."""
+    (None once the task left the cluster). With `beat_keys`, a tick whose keys all exist (checked once: beat,
+    incarnation and version keys are never deleted) reads the loss count and its targets' beats in one
+    batched call, instead of three (the count, a check and the batch)."""
 
     def __init__(self, store_of: Callable[[], object], me: DeviceSpec, tasks: Sequence[DeviceSpec], beats: Beats,
-                 limit: Callable[[int], float], clock: Callable[[], float] = time.monotonic):
+                 limit: Callable[[int], float], clock: Callable[[], float] = time.monotonic,
+                 beat_keys: Optional[BeatKeys] = None):
         self._store_of = store_of
         self.me = me
         self.group = next(g for g in groups_of(tasks) if any(_same(t, me) for t in g))
         self._beats = beats
+        self._beat_keys = beat_keys
+        self._existing: set = set()  # keys a check found: they stay (nothing deletes them)
         self._limit = limit
         self._clock = clock
         self._seen: Dict[Tuple[str, int], Tuple[Tuple[int, int], float]] = {}  # task -> (beat, incarnation), since
@@ -63,13 +69,12 @@ class Watch:
         if store is None:
             return
         with self._lock:
-            self._refresh(store)
-            targets = self._targets()
+            targets, states = self._look(store)
             watched = {(t.job, t.task) for t in targets}
             for key in [k for k in self._seen if k not in watched]:  # no longer watched: a fresh wait when again
                 del self._seen[key]
             now = self._clock()
-            for t, state in zip(targets, self._beats(targets)):
+            for t, state in zip(targets, states):
                 key = (t.job, t.task)
                 last = self._seen.get(key)
                 if last is None or last[0] != state:
@@ -78,6 +83,23 @@ class Watch:
                 silent, incarnation = now - last[1], state[1]
                 if silent > self._limit(incarnation) and not self._published(key, incarnation):
                     self._publish(store, t, incarnation, silent)
+
+    def _look(self, store) -> Tuple[List[DeviceSpec], List[Tuple[int, int]]]:
+        """The targets and their (beat, incarnation): one batched call with the loss count once all the keys
+        are known to exist, else the count, then the targets' beats."""
+        targets = self._targets()
+        keys = [VERSION, *self._beat_keys(targets)] if self._beat_keys is not None and targets else None
+        if keys is not None and (self._existing.issuperset(keys) or store.check(keys)):
+            self._existing.update(keys)
+            values = [int(v) for v in store.multi_get(keys)]
+            self._refresh(store, values[0])
+            if self._targets() == targets:  # no watcher of this task's newly published lost in the same read
+                n = len(targets)
+                return targets, list(zip(values[1:1 + n], values[1 + n:]))
+        else:
+            self._refresh(store)
+        targets = self._targets()
+        return targets, self._beats(targets)
 
     def _targets(self) -> List[DeviceSpec]:
         """The group's members but this task when it watches the group; else its watcher alone."""
@@ -107,9 +129,11 @@ class Watch:
 
     # --- reading ------------------------------------------------------------------------------
 
-    def _refresh(self, store) -> None:
-        """Read the records published since the last read: one key while none was."""
-        published = int(store.add(VERSION, 0))
+    def _refresh(self, store, published: Optional[int] = None) -> None:
+        """Read the records published since the last read (`published`: the loss count, if just read): one key
+        while none was."""
+        if published is None:
+            published = int(store.add(VERSION, 0))
         if published <= self._read:
             return
         for number in range(self._read + 1, published + 1):
