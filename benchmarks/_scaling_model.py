@@ -64,7 +64,7 @@ def group_size(n: int) -> int:
     return max(1, math.ceil(math.sqrt(n)))
 
 
-def steady_load(n: int, ps: int = 1, group: bool = None, barrier_ps: bool = True) -> Load:
+def steady_load(n: int, ps: int = 1, group: bool = None, barrier_ps: bool = True, batched_tick: bool = True) -> Load:
     """The cluster's store calls and keys per second once every task is up: N beats; each worker's peer check
     (`check_peers`) once a second; each ps in the end barrier (`wait_until_all_done`) five times a second (a ps
     calls `join()` as soon as it serves); with the group watch, every task's tick twice a second.
@@ -84,14 +84,17 @@ def steady_load(n: int, ps: int = 1, group: bool = None, barrier_ps: bool = True
         return load
     # the verdicts: done_version, any_recorded, and watch._refresh's lost/version (watch.lost_among)
     _plus(load, "add", 3 * (checks + polls))
-    # watch.tick: lost/version, then beats_of of its targets (the watcher: the group's other members; a member:
-    # its watcher)
+    # watch.tick: lost/version and the beats of its targets (the watcher: the group's other members; a member:
+    # its watcher) in one multi_get once a check found the keys (`batched_tick`), else an add, a check and a multi_get
     g = group_size(n)
     groups = math.ceil(n / g)
-    ticks = n / WATCH_EVERY
-    _plus(load, "add", ticks)
     watcher_keys, member_keys = 2 * (g - 1), 2
     watchers, members = groups, n - groups
+    if batched_tick:
+        for count, keys in ((watchers, watcher_keys), (members, member_keys)):
+            _plus(load, "multi_get", count / WATCH_EVERY, 1 + keys)
+        return load
+    _plus(load, "add", n / WATCH_EVERY)
     for count, keys in ((watchers, watcher_keys), (members, member_keys)):
         _plus(load, "check", count / WATCH_EVERY, keys)
         _plus(load, "multi_get", count / WATCH_EVERY, keys)

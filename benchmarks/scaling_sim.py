@@ -20,17 +20,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _scaling_model as model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# (file, variant, which protocol ran, whether the done set was read key by key, the run's steady window s)
+# (file, variant, which protocol ran, whether the done set's changes were read in a batch, the run's steady
+# window s, whether a watch tick was one batched read)
 MEASURED = [
-    ("scaling_by_method_2026-11-29.json", "after/direct", False, True, 5.0),
-    ("scaling_by_method_2026-11-29.json", "after/group", True, True, 5.0),
-    ("scaling_by_method_2026-11-29.json", "before/direct", False, False, 5.0),
-    ("scaling_by_method_2026-11-29.json", "before/group", True, False, 5.0),
-    ("scaling_messaging.json", "new", False, False, 5.0),
-    ("scaling_messaging_128.json", "new", False, False, 5.0),
-    ("scaling_group_watch_2026-11-29.json", "old", False, False, 5.0),
-    ("scaling_group_watch_2026-11-29.json", "new", None, False, 5.0),
-    ("scaling_group_watch_40_2026-11-29.json", "new", None, False, 3.0),
+    ("scaling_by_method_2026-11-29.json", "after/direct", False, True, 5.0, False),
+    ("scaling_by_method_2026-11-29.json", "after/group", True, True, 5.0, False),
+    ("scaling_by_method_2026-11-29.json", "before/direct", False, False, 5.0, False),
+    ("scaling_by_method_2026-11-29.json", "before/group", True, False, 5.0, False),
+    ("scaling_messaging.json", "new", False, False, 5.0, False),
+    ("scaling_messaging_128.json", "new", False, False, 5.0, False),
+    ("scaling_group_watch_2026-11-29.json", "old", False, False, 5.0, False),
+    ("scaling_group_watch_2026-11-29.json", "new", None, False, 5.0, False),
+    ("scaling_group_watch_40_2026-11-29.json", "new", None, False, 3.0, False),
+    ("scaling_direct_vs_group_2026-11-29.json", "new/direct", False, True, 5.0, False),
+    ("scaling_direct_vs_group_2026-11-29.json", "new/group", True, True, 5.0, False),
+    ("scaling_512_2026-11-29.json", "new", None, True, 3.0, False),
+    ("scaling_batched_tick_2026-11-29.json", "before", None, True, 5.0, False),
+    ("scaling_batched_tick_2026-11-29.json", "after", None, True, 5.0, True),
 ]
 
 
@@ -41,7 +47,7 @@ def _err(model_value: float, measured: float) -> float:
 def check(costs: model.StoreCosts, timeout: float = 5.0) -> list:
     """Model against every measured run of 16 tasks or more."""
     out = []
-    for name, variant, group, batched, steady_s in MEASURED:
+    for name, variant, group, batched, steady_s, batched_tick in MEASURED:
         path = RESULTS / name
         if not path.exists():
             continue
@@ -50,7 +56,7 @@ def check(costs: model.StoreCosts, timeout: float = 5.0) -> list:
             if r.get("variant") != variant or n < 16:
                 continue
             g = model.uses_group_watch(n) if group is None else group
-            load = model.steady_load(n, 1, g)
+            load = model.steady_load(n, 1, g, batched_tick=batched_tick)
             clean = "store_by_method" in r  # the steady window starts after every task is up
             # the ps says it is done once it serves: every task rereads the done set once within the window (which,
             # before the steady mark, began at each task's own up and held the rest of the join too)

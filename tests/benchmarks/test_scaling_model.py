@@ -23,10 +23,11 @@ def test_the_direct_check_reads_n_squared_keys_and_the_group_watch_n():
 
 
 def test_a_worker_makes_the_calls_the_runs_counted():
-    """Per worker and second: 4 calls when checking directly, 9 in the group watch (its ticks and the verdicts),
-    as benchmarks/results/scaling_by_method_2026-11-29.json counted at 16 and 32 tasks."""
-    for group, per_worker in ((False, 4), (True, 9)):
-        one, two = (model.total(model.steady_load(n, 1, group=group))[0] for n in (64, 65))
+    """Per worker and second: 4 calls when checking directly, 9 in the group watch with three calls a tick and 5
+    with one (its ticks and the verdicts), as the runs counted (benchmarks/results/scaling_by_method_2026-11-29.json
+    at 16 and 32 tasks; scaling_batched_tick_2026-11-29.json at 64 and 128)."""
+    for group, batched, per_worker in ((False, True, 4), (True, False, 9), (True, True, 5)):
+        one, two = (model.total(model.steady_load(n, 1, group=group, batched_tick=batched))[0] for n in (64, 65))
         assert abs((two - one) - (per_worker + 1)) < 0.5  # one more worker: its calls and its beat
 
 
