@@ -32,6 +32,9 @@
 #             global step 200; each worker's ops ranked in profile-gpu/ and profile-cpu/)
 #   replicas  CPU only: what --ps-replicas 2 costs the small MLP job with all of the machine's cores, then
 #             held to 2 of them (taskset), against the 2-core figures of docs/benchmarks.md
+#   hybrid    the CTR example on 2 ps + 2 workers, hybrid (--dense allreduce: NCCL among GPU workers, gloo among
+#             CPU ones) and ps-only, each on GPU workers then CPU workers, twice in turn (hybrid.log); the goal:
+#             hybrid on GPU workers at least 1.5x the samples/s of CPU workers (about five minutes)
 set -uo pipefail
 part=${1:-}
 case "$part" in
@@ -131,6 +134,20 @@ case "$part" in
                 --logdir "$OUT/profile-cpu" examples/ctr_ps.py --rows 100000 --steps 600
             head -25 "$OUT"/profile-*/profile/worker0-*.txt
         } 2>&1 | tee "$OUT/bench.log" ;;
+    hybrid)
+        {
+            for round in 1 2; do
+                for dense in allreduce ps; do
+                    flags=(); [ $dense = allreduce ] && flags=(--dense allreduce)
+                    for where in gpu cpu; do
+                        echo "== round $round: ${flags[*]:-ps only}, $where workers"
+                        ( [ $where = cpu ] && export CUDA_VISIBLE_DEVICES=
+                          timeout 120 $PY -m towerflow launch --ps 2 --workers 2 "${flags[@]}" examples/ctr_ps.py \
+                              --rows 100000 --steps 600 2>&1 | grep -E "samples/s|test auc|wire:|Error|error" )
+                    done
+                done
+            done
+        } 2>&1 | tee "$OUT/hybrid.log" ;;
     profile)
         # why the sparse ps's GPU workers make 0.38x the samples/s of CPU workers: each worker's own ops, ranked
         for where in gpu cpu; do
