@@ -133,7 +133,7 @@ def summarize(r: dict) -> Dict[str, float]:
         "detect_first_s": min(detect) if detect else float("nan"),
         "detect_med_s": _med(detect),
         "detect_max_s": max(detect) if detect else float("nan"),
-        "named_victim": sum(1 for e in ends if e.get("lost") == victim),
+        "named_victim": sum(1 for e in ends if e.get("lost") == victim or f"{victim} " in e.get("error", "")),
         "false_lost": sum(1 for e in ends if e.get("detected", r["t_kill"]) < r["t_kill"]),
         "load1_steady": r["load_steady"][0],
     }
@@ -150,6 +150,14 @@ COLUMNS = [
     ("fanin_calls_s", "fan-in calls/s"), ("fanin_p50_ms", "p50 ms"), ("fanin_p99_ms", "p99 ms"),
     ("rss_mb", "RSS MB"), ("uss_mb", "USS MB"), ("load1_steady", "load"),
 ]
+
+
+def detections(r: dict) -> List[dict]:
+    """Each survivor's notice of the loss, in the order they came: its rank, seconds after the kill, the task
+    it named and the first words of its error (what a late or wrong notice looks like)."""
+    out = [{"rank": e["rank"], "after_s": round(e["detected"] - r["t_kill"], 3), "lost": e.get("lost"),
+            "error": (e.get("error") or "")[:160]} for e in r.get("ends", []) if "detected" in e]
+    return sorted(out, key=lambda d: d["after_s"])
 
 
 def print_table(runs: List[dict]) -> List[dict]:

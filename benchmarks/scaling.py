@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _scaling_report import print_methods, print_table, store_by_method, summarize  # noqa: E402
+from _scaling_report import detections, print_methods, print_table, store_by_method, summarize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TASK = Path(__file__).resolve().parent / "_scaling_task.py"
@@ -299,7 +299,7 @@ def main(argv=None) -> None:
             "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "python": sys.version.split()[0], "refused": refused, "failed": failed, "store_costs": costs, "sources": srcs}
     slim = [{k: v for k, v in r.items() if k not in ("ups", "ends", "probe_idle", "probe_steady")} | summarize(r)
-            | store_by_method(r) for r in runs]
+            | store_by_method(r) | {"detections": detections(r)} for r in runs]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "table": rows, "runs": slim}, indent=1))
     print(f"results: {args.out}")

@@ -174,3 +174,49 @@ def test_a_tick_reads_the_loss_count_and_its_targets_beats_in_one_call():
     before = unbatched.store.calls
     unbatched.tick()
     assert unbatched.store.calls - before == 3 * alive  # a beat, the count and the beats (Membership checks too: 4)
+
+
+def test_a_task_waiting_on_its_peers_is_woken_by_the_tick_that_reads_a_loss():
+    """A task waiting on its peers checks them once a second; the watch's tick, twice a second, reads the losses
+    published, and wakes the wait as it does: a loss is noticed half a tick after it is published, not a second."""
+    import threading
+
+    c = Cluster(49)
+    member = c.tasks[30]
+    woken = threading.Event()
+    for _ in range(4):
+        c.tick()
+    with c.watches[(member.job, member.task)].waking(woken):
+        c.dead.add(("worker", 19))
+        while not c.published():
+            c.tick()
+            assert not woken.is_set() or c.published()
+        assert woken.is_set()  # the tick that published it (or the member's next one) read it
+    woken.clear()
+    c.dead.add(("worker", 40))
+    for _ in range(30):
+        c.tick()
+    assert c.published() == 2 and not woken.is_set()  # out of the block: no longer woken
+
+
+def test_a_wait_on_a_future_checks_at_once_when_woken_and_returns_when_the_future_is_done():
+    import threading
+    import time
+
+    import torch
+
+    from towerflow.cluster.membership.membership import wait_for
+    from towerflow.errors import PeerLost
+
+    def check():
+        raise PeerLost("/job:worker/task:19 stopped answering", task="/job:worker/task:19")
+
+    woken = threading.Event()
+    threading.Timer(0.2, woken.set).start()
+    started = time.monotonic()
+    with pytest.raises(PeerLost):
+        wait_for(torch.futures.Future(), check, every=60.0, woken=woken)  # checked when woken, not in a minute
+    assert time.monotonic() - started < 10
+    future = torch.futures.Future()
+    threading.Timer(0.2, lambda: future.set_result(1)).start()
+    wait_for(future, check, every=60.0, woken=threading.Event())  # done: returns without a check

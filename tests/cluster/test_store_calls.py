@@ -128,6 +128,61 @@ def test_a_silent_peer_is_still_found_with_the_batched_reads(monkeypatch):
         s.check_peers(seen)
 
 
+def _record_failure(store, job: str, index: int, cause=None, publish: bool = True) -> None:
+    """What a failing task leaves in the store: its numbered record, then the one under its name."""
+    from towerflow.cluster.membership.failures import FailureRecord, _Board
+
+    board = _Board(store)
+    record = board.number(FailureRecord(task=f"/job:{job}/task:{index}", error="PeerLost: gone", pid=1, host="h",
+                                        time=0.0, job=job, index=index, cause=cause))
+    if publish:
+        board.publish(record)
+
+
+def test_a_recorded_failure_costs_a_peer_check_a_few_calls_whatever_the_size(monkeypatch):
+    """When a task records a failure, every other task reads it at once: a read of each peer's failure key would be
+    N calls per check (N² at once, which delayed notices by seconds at 256 tasks); only the failed task's is read."""
+    s = _cluster(256, monkeypatch)
+    store = s.rendezvous.store
+    seen: dict = {}
+    s.check_peers(seen, serving=("ps",))
+    _record_failure(store, "ps", 0, cause="/job:worker/task:254")
+    before = store.calls
+    with pytest.raises(ClusterError, match="/job:ps/task:0 stopped"):
+        s.check_peers(seen, serving=("ps",))
+    assert store.calls - before <= 10
+    before = store.calls
+    with pytest.raises(ClusterError, match="/job:ps/task:0 stopped"):
+        s.check_peers(seen, serving=("ps",))  # the record is read once: the next check asks for its task's key only
+    assert store.calls - before <= 8
+    for index in range(1, 200):  # the others stop in its wake and record it too: one batched read of them all
+        _record_failure(store, "worker", index, cause="/job:ps/task:0")
+    before = store.calls
+    with pytest.raises(ClusterError, match="/job:ps/task:0 stopped"):  # the first to fail is still the one named
+        s.check_peers(seen, serving=("ps",))
+    assert store.calls - before <= 10
+
+
+def test_a_failure_counted_and_not_yet_written_is_read_when_it_is(monkeypatch):
+    s = _cluster(8, monkeypatch)
+    store, m = s.rendezvous.store, s.membership
+    tasks = s.cluster.tasks()
+    store.add("failures/count", 1)  # its task is between the count and the record (or died there)
+    _record_failure(store, "worker", 5)
+    assert [f.task for f in m.failures_of(tasks)] == ["/job:worker/task:5"]  # the later record is not held back
+    _record_failure_at(store, 1, "worker", 2)
+    assert sorted(f.task for f in m.failures_of(tasks)) == ["/job:worker/task:2", "/job:worker/task:5"]
+
+
+def _record_failure_at(store, number: int, job: str, index: int) -> None:
+    from towerflow.cluster.membership.failures import FailureRecord, failed_key
+
+    record = FailureRecord(task=f"/job:{job}/task:{index}", error="RuntimeError: x", pid=1, host="h", time=0.0,
+                           job=job, index=index, seq=number)
+    store.set(f"failures/{number}", record.to_json())
+    store.set(failed_key(job, index), record.to_json())
+
+
 def test_waiting_for_all_asks_only_the_missing(monkeypatch):
     s = _cluster(64, monkeypatch)
     rv, store = s.rendezvous, s.rendezvous.store

@@ -125,10 +125,44 @@ def failure_of(store, job: str, index: int) -> Optional[FailureRecord]:
     return record if record.restart >= _incarnation(store, job, index) else None
 
 
-def any_recorded(store) -> bool:
-    """Whether any task of the cluster has recorded a failure in `store` (one call: every published
-    record was numbered first, so a count of 0 means there is none to read)."""
-    return int(store.add(_COUNT, 0)) > 0
+class RecordedTasks:
+    """Which tasks have recorded a failure, read from the numbered records as they come.
+
+    A task checking its peers needs the failure of the few that failed, not a read of every peer's key: at
+    hundreds of tasks, that read made by every task at once (right when a failure is recorded) is N² store
+    calls and delayed every notice by seconds. Every published record was numbered first, so the numbered
+    records name every task that can have one: this reads each once (one call while the count stands), and
+    a number counted but not yet written again on the next read. Thread-safe."""
+
+    def __init__(self):
+        self._read = 0  # numbers 1.._read were counted when last read
+        self._unwritten: set = set()  # ... of which these were not written yet
+        self._tasks: dict = {}  # (job, index) of the records read, in the order of their first record
+        self._lock = threading.Lock()
+
+    def of(self, store) -> list:
+        """The (job, index) of every task that recorded a failure in `store` so far, the first to record first."""
+        with self._lock:
+            count = int(store.add(_COUNT, 0))
+            if count < self._read:  # a store started afresh: its records are not the ones read
+                self._read, self._unwritten, self._tasks = 0, set(), {}
+            numbers = sorted(self._unwritten | set(range(self._read + 1, count + 1)))
+            self._read = max(self._read, count)
+            if numbers:
+                self._take(store, numbers)
+            return list(self._tasks)
+
+    def _take(self, store, numbers) -> None:
+        keys = [f"failures/{n}" for n in numbers]
+        if store.check(keys):
+            found = list(zip(numbers, store.multi_get(keys)))
+        else:  # a publisher counted its record and has not written it yet: the others one by one
+            found = [(n, store.get(k)) for n, k in zip(numbers, keys) if store.check([k])]
+        self._unwritten = set(numbers) - {n for n, _ in found}
+        for _, text in found:
+            record = json.loads(text)
+            if record.get("job") is not None and record.get("index") is not None:
+                self._tasks.setdefault((record["job"], record["index"]), None)
 
 
 def _incarnation(store, job: Optional[str], index: Optional[int]) -> int:

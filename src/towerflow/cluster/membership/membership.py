@@ -10,9 +10,10 @@ failure is final only when no restart is left (`final_failure`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from towerflow._waiting import wait_until
 from towerflow.cluster.membership import ending as _ending
@@ -49,6 +50,7 @@ class Membership:
                                   ) if len(tasks) > _watch.WATCHED_FROM else None
         # (the done version read before the keys, the tasks done, the tasks another one stands in for)
         self._marks: Tuple[int, frozenset, frozenset] = (-1, frozenset(), frozenset())
+        self._recorded = _failures.RecordedTasks()  # the tasks that recorded a failure, read as they come
 
     @property
     def _store(self):
@@ -250,11 +252,16 @@ class Membership:
             return
         _ending.count_change(self._store, key, by is not None)
 
-    def failures_of(self, tasks: Sequence[DeviceSpec]):
-        """The final failures among `tasks`; one store call while no task of the cluster has recorded any."""
-        if not _failures.any_recorded(self._store):
-            return []
-        return [f for f in (self.final_failure(t.job, t.task) for t in tasks) if f is not None]
+    def failures_of(self, tasks: Sequence[DeviceSpec]) -> Iterator[_failures.FailureRecord]:
+        """The final failures among `tasks`, the first recorded first, read as they are asked for: one store call
+        while no new failure is recorded, then the failed tasks' records only (`RecordedTasks`), so that a check
+        that stops at the first costs a few calls even when hundreds of tasks failed in its wake."""
+        among = {(t.job, t.task) for t in tasks}
+        for job, index in self._recorded.of(self._store):
+            if (job, index) in among:
+                failed = self.final_failure(job, index)
+                if failed is not None:
+                    yield failed
 
     def _silence_limit(self, incarnation: int) -> float:
         """How long a task of `incarnation` may be silent: the join timeout on top while it may be restarted."""
@@ -320,11 +327,13 @@ class Membership:
         only, or of every running task and the jobs in `serving`), so that a call to a task that died or
         was cut off by the network ends with ClusterError naming it instead of waiting forever."""
         seen: Dict[str, tuple] = {}
-        if task is not None:
-            wait_for(future, lambda: self.check_heartbeats([DeviceSpec(job=task[0], replica=0, task=task[1])], seen),
-                     every)
-        else:
-            wait_for(future, lambda: self.check_peers(seen, serving), every)
+        woken = threading.Event()  # set by the future, and by the group watch when it reads a published loss
+        with self.watch.waking(woken) if self.watch is not None else contextlib.nullcontext():
+            if task is not None:
+                wait_for(future, lambda: self.check_heartbeats([DeviceSpec(job=task[0], replica=0, task=task[1])], seen),
+                         every, woken)
+            else:
+                wait_for(future, lambda: self.check_peers(seen, serving), every, woken)
 
     def wait_until_all_done(self, timeout: Optional[float]) -> None:
         """The end barrier: return once every task is done and the cluster's end is decided (ending.py).
@@ -356,12 +365,17 @@ class Membership:
             time.sleep(2 * POLL)
 
 
-def wait_for(future, check: Callable[[], None], every: float = 1.0) -> None:
-    """Return once the torch `future` is done, calling `check()` every `every` seconds meanwhile: it raises to
-    end the wait (a peer gone, a task restarted)."""
+def wait_for(future, check: Callable[[], None], every: float = 1.0, woken: Optional[threading.Event] = None) -> None:
+    """Return once the torch `future` is done, calling `check()` every `every` seconds meanwhile, and at once
+    whenever `woken` is set (news the check should read): it raises to end the wait (a peer gone, a task
+    restarted)."""
     if future.done():
         return
-    ready = threading.Event()
+    ready = woken if woken is not None else threading.Event()
     future.add_done_callback(lambda _f: ready.set())
-    while not ready.wait(every):
+    while True:
+        ready.wait(every)
+        if future.done():
+            return
+        ready.clear()
         check()

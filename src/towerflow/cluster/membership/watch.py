@@ -14,11 +14,12 @@ that went silent, so a restarted task is alive again without anyone retracting i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from towerflow.devices.spec import DeviceSpec
 
@@ -59,6 +60,7 @@ class Watch:
         self._read = 0  # the records lost/1 .. lost/<_read> are read
         self._records: Dict[Tuple[str, int], dict] = {}  # the latest record published of each task
         self._lock = threading.Lock()
+        self._waking: List[threading.Event] = []  # set when a newly published loss is read (`waking`)
 
     # --- watching -----------------------------------------------------------------------------
 
@@ -143,6 +145,20 @@ class Watch:
             record = json.loads(store.get(key))
             self._records[(record["job"], record["index"])] = record
             self._read = number
+            for event in self._waking:
+                event.set()
+
+    @contextlib.contextmanager
+    def waking(self, event: threading.Event) -> Iterator[None]:
+        """Set `event` whenever a tick reads a newly published loss, for as long as the block runs: a task
+        waiting on its peers checks then instead of at its next check (up to a second later)."""
+        with self._lock:
+            self._waking.append(event)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waking.remove(event)
 
     def lost_among(self, tasks: Sequence[DeviceSpec], incarnation_of: Callable[[str, int], int]) -> List[dict]:
         """The published losses of `tasks` whose lost incarnation is still the current one."""
