@@ -131,7 +131,9 @@ def _become(request: ForkRequest, fds: List[int], zygote: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != zygote:  # the zygote died before the signal was set
+    if os.getppid() != zygote:  # the zygote died before the signal was set: end as the signal would have
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
         os._exit(1)
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
