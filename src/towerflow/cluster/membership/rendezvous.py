@@ -282,20 +282,19 @@ class Rendezvous:
             if not missing:
                 return
             now = time.monotonic()
-            if now > deadline or now - said >= SAY_EVERY:
-                missing = self.unmarked(kind, missing, all_of_them=True)
+            if now > deadline or now - said >= SAY_EVERY:  # all of them asked and named only then: hundreds of
+                missing = self.unmarked(kind, missing, all_of_them=True)  # tasks poll ten times a second
                 if not missing:
                     return
-            names = [f"{task_name(t.job, t.task)} at {self.cluster.task_address(t.job, t.task)}" for t in missing]
-            if now > deadline:
-                raise ClusterTimeoutError(
-                    f"{self.name} gave up after {self.join_timeout:g} s with {len(tasks) - len(missing)} of "
-                    f"{len(tasks)} {what}; missing: {', '.join(names)}. Start the missing tasks, or raise the timeout "
-                    f"with {_taskenv.ENV_JOIN_TIMEOUT}.",
-                    task=self.name,
-                    missing=[task_name(t.job, t.task) for t in missing],
-                )
-            if now - said >= SAY_EVERY:
+                names = [f"{task_name(t.job, t.task)} at {self.cluster.task_address(t.job, t.task)}" for t in missing]
+                if now > deadline:
+                    raise ClusterTimeoutError(
+                        f"{self.name} gave up after {self.join_timeout:g} s with {len(tasks) - len(missing)} of "
+                        f"{len(tasks)} {what}; missing: {', '.join(names)}. Start the missing tasks, or raise the "
+                        f"timeout with {_taskenv.ENV_JOIN_TIMEOUT}.",
+                        task=self.name,
+                        missing=[task_name(t.job, t.task) for t in missing],
+                    )
                 _log.get("cluster", self.name).info(f"waiting for {names[0]} — {len(tasks) - len(missing)} of {len(tasks)} {what}")
                 said = now
             time.sleep(POLL)
