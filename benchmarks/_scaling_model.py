@@ -32,11 +32,18 @@ class StoreCosts:
     cpu_key: Dict[str, float]
     round_trip: float
     cores: float = 1.0  # the cores its server can use (TCPStore: one event loop)
+    wake: float = 0.0  # µs more for a call that finds the server's loop asleep (calls spaced apart)
 
     def cpu(self, load: Load) -> float:
-        """Seconds of server CPU per second for `load`."""
+        """Seconds of server CPU per second for `load`, calls back to back (the lower bound)."""
         return sum(1e-6 * (c * self.cpu_call.get(m, self.cpu_call["add"]) + k * self.cpu_key.get(m, 0.0))
                    for m, (c, k) in load.items())
+
+    def cpu_range(self, load: Load) -> Tuple[float, float]:
+        """(back to back, every call waking the loop): a cluster's calls arrive a few at a time, and how many share
+        a wake-up depends on how busy the machine's cores are, so the store's CPU lies between the two."""
+        low = self.cpu(load)
+        return low, low + 1e-6 * self.wake * total(load)[0]
 
     @classmethod
     def from_calibration(cls, r: dict, cores: float = 1.0) -> "StoreCosts":
@@ -48,7 +55,8 @@ class StoreCosts:
         for m in ("check", "multi_get"):
             fit = r[f"{m}_server_cpu_us_fit"]
             call[m], key[m] = fit["per_call"], fit["per_key"]
-        return cls(call, key, r["add"]["wall_us"], cores)
+        wake = max(0.0, r["add_spaced"]["server_cpu_us"] - call["add"]) if "add_spaced" in r else 0.0
+        return cls(call, key, r["add"]["wall_us"], cores, wake)
 
 
 def _plus(load: Load, method: str, calls: float, keys_per_call: float = 1.0) -> None:
@@ -150,35 +158,73 @@ def detection(n: int, timeout: float, latency: float, group: bool = None, trials
               seed: int = 0) -> Dict[str, float]:
     """When the survivors notice a SIGKILLed worker (s after the kill): a discrete-event draw of the phases.
 
-    The victim beat last `a` ~ U(0, 1) s before the kill. Direct: a checker (every CHECK_EVERY s, its own phase)
-    first sees the last count at its first check after that beat and raises at the first check more than
-    `timeout` later. Group: the victim's watcher does the same every WATCH_EVERY s and publishes; each survivor
-    reads the publication at its next check. Each store read adds `latency`. inf when latency ≥ timeout (beats
-    read too late: healthy tasks would be taken for lost)."""
+    The victim beat last `a` ~ U(0, 1) s before the kill. A reader (every `every` s, its own phase) first sees
+    the last count at its first read after that beat and takes the task for lost at the first read more than
+    `timeout` later. Direct: each worker reads every CHECK_EVERY s, and the ps in its end barrier every
+    BARRIER_EVERY s; the ps records its failure as it notices, and a worker that has not noticed yet reads that
+    record at its next check. Group: the victim's watcher reads every WATCH_EVERY s and publishes; each survivor's
+    next tick reads the publication and wakes its wait. Each store read adds `latency`. inf when latency ≥
+    timeout (beats read too late: healthy tasks would be taken for lost)."""
     if latency >= timeout:
         return {"first": math.inf, "med": math.inf, "max": math.inf}
     group = uses_group_watch(n) if group is None else group
     rng, out = random.Random(seed), []
+
+    def noticed_by(last_beat: float, every: float, phase: float) -> float:
+        first_seen = last_beat + phase + latency  # the first read after the last beat
+        # reads come a little over `every` apart (the wait, then the read itself), so the ceil(timeout /
+        # every)-th one after the first is already past the timeout
+        return first_seen + math.ceil(timeout / every) * every
+
     for _ in range(trials):
         last_beat = -rng.uniform(0, BEAT_EVERY)
-        every = WATCH_EVERY if group else CHECK_EVERY
-        phase = rng.uniform(0, every)
-        first_seen = last_beat + phase + latency  # the first read after the last beat
-        # the first read more than `timeout` later: reads come a little over `every` apart (the wait, then the
-        # read itself), so the ceil(timeout / every)-th one is already past it
-        noticed = first_seen + math.ceil(timeout / every) * every
         if group:
-            noticed += rng.uniform(0, CHECK_EVERY) + latency  # a survivor's next check reads lost/version
-        out.append(noticed)
+            published = noticed_by(last_beat, WATCH_EVERY, rng.uniform(0, WATCH_EVERY))
+            out.append(published + rng.uniform(0, WATCH_EVERY) + latency)
+            continue
+        phase = rng.uniform(0, CHECK_EVERY)
+        own = noticed_by(last_beat, CHECK_EVERY, phase)
+        by_ps = noticed_by(last_beat, BARRIER_EVERY, rng.uniform(0, BARRIER_EVERY)) + 2 * latency  # recorded
+        next_check = phase + math.ceil((by_ps - phase) / CHECK_EVERY) * CHECK_EVERY + latency
+        out.append(min(own, next_check))
     out.sort()
     return {"first": out[0], "med": statistics.median(out), "max": out[-1]}
 
 
-def join_after_last_start(n: int, latency: float, round_trips: int = 12) -> float:
-    """From the last task's start (torch imported) until every task is up, protocol only: the last task's own
-    round trips (store, publisher, slot, its endpoint's address, first beat, incarnation, up: `round_trips`),
-    and two waits for all (slots, then up) that each see the last key at most one POLL late."""
-    return round_trips * latency + 2 * POLL
+@dataclass(frozen=True)
+class Host:
+    """The cores the tasks share, and what a task spends of them (measured at a size where nothing waits for a
+    core). The measured runs put every task on one machine; a real cluster one task per host (no Host: the
+    protocol alone)."""
+
+    cores: float
+    tasks: int  # how many of the cluster's tasks share these cores
+    task_cpu: float  # a task's CPU s per s once up (its beats, ticks and checks, and their threads)
+    post_meet_cpu: float  # a task's CPU s from the end of its meet (every slot taken) until it is up
+    client_check_cpu: Tuple[float, float] = (0.0, 0.0)  # a client's CPU s per check call, and per key of it
+
+    def free_cores(self, busy_tasks: float, polls_s: float, keys_per_poll: float, store_cpu: float) -> float:
+        """The cores left once the up tasks' steady work, the waiting tasks' polls and the store are served."""
+        call, key = self.client_check_cpu
+        return self.cores - busy_tasks * self.task_cpu - polls_s * (call + key * keys_per_poll) - store_cpu
+
+
+def join_after_last_start(n: int, latency: float, round_trips: int = 12, host: "Host" = None,
+                          store_cpu: float = 0.0) -> float:
+    """From the last task's start (torch imported) until every task is up: the last task's own round trips (store,
+    publisher, slot, its endpoint's address, first beat, incarnation, up: `round_trips`), and two waits for all
+    (slots, then up) that each see the last key at most one POLL late. On a shared `host`, every task's work from
+    its meet's end to up (`post_meet_cpu`) starts at once when the last slot is taken, and shares the cores left
+    by the tasks' steady work, the polls of those already up (half the cluster on average, each asking for the
+    other half ten times a second) and the store (`store_cpu`)."""
+    protocol = round_trips * latency + 2 * POLL
+    if host is None:
+        return protocol
+    on_host = min(n, host.tasks)
+    free = host.free_cores(on_host, (on_host / 2) / POLL, n / 2, store_cpu)
+    if free <= 0:
+        return math.inf
+    return protocol + on_host * host.post_meet_cpu / free
 
 
 def join_poll_load(n: int, missing: int) -> Load:
@@ -207,7 +253,7 @@ def predict(n: int, ps: int, costs: StoreCosts, timeout: float = 5.0, group: boo
     join_load = merged(load, join_poll_load(n, n // 2))  # half the cluster still missing: the storm's peak
     join_util, join_latency = store_latency(join_load, costs)
     return {"tasks": n, "ps": ps, "group_watch": uses_group_watch(n) if group is None else group,
-            "store_calls_s": calls, "store_keys_s": keys, "store_cpu_s": costs.cpu(load), "store_util": util,
+            "store_calls_s": calls, "store_keys_s": keys, "store_cpu_s": costs.cpu_range(load), "store_util": util,
             "call_latency_s": latency, "join_peak_util": join_util,
             "join_after_last_start_s": join_after_last_start(n, join_latency),
             "detect": detection(n, timeout, latency, group)}

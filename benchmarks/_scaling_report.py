@@ -105,6 +105,10 @@ def summarize(r: dict) -> Dict[str, float]:
         "meet_max_s": max(u["meet_s"] for u in ups),
         "rpc_join_med_s": _med(u["join_rpc_s"] for u in ups),
         "rpc_join_max_s": max(u["join_rpc_s"] for u in ups),
+        # a task's CPU from the end of its meet (every slot taken) until it is up: what each task still has to do
+        # once the last one has started
+        "post_meet_cpu_ms": 1000 * _med(u["cpu_up"] - u["cpu_met"] for u in ups) if all("cpu_met" in u for u in ups)
+        else float("nan"),
         "store_ops_s": sum(calls_ok) * n / max(1, len(calls_ok)) + sum(beats),
         "ps_ops_s": calls[0] if ps and ps[0]["rank"] == 0 and calls else float("nan"),
         "worker_ops_s": _med(_rate(e, "steady", "fanin") for e in workers),
@@ -115,6 +119,7 @@ def summarize(r: dict) -> Dict[str, float]:
         "check_ms": 1000 * _med(checks),
         "check_p90_ms": 1000 * _pct(checks, 0.9),
         "task_cpu_pct": 100 * _med(r["task_cpu_s"]),
+        "task_cpu_steady_pct": 100 * _med(_rate(e, "steady", "fanin", 2) for e in ends),  # the task's own clock
         "store_host_cpu_pct": 100 * r["host_cpu_steady"],
         "store_host_cpu_join_pct": 100 * r["host_cpu_join"],
         "machine_busy_pct": 100 * r["machine_busy"],

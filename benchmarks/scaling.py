@@ -254,6 +254,7 @@ def main(argv=None) -> None:
                     help="how tasks check their peers: as the code decides by size, or forced (several: interleaved)")
     ap.add_argument("--src", action="append", default=[], help="NAME=DIR: the source tree the tasks import")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling.json"))
+    ap.add_argument("--raw", action="store_true", help="keep every task's own records (its up and its end) in the JSON")
     args = ap.parse_args(argv)
     srcs = dict(s.split("=", 1) for s in args.src) or {"new": str(ROOT / "src")}
     srcs = {k: str(Path(v).resolve()) for k, v in srcs.items()}
@@ -298,7 +299,8 @@ def main(argv=None) -> None:
     meta = {"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total / (1 << 30):.0f} GiB",
             "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "python": sys.version.split()[0], "refused": refused, "failed": failed, "store_costs": costs, "sources": srcs}
-    slim = [{k: v for k, v in r.items() if k not in ("ups", "ends", "probe_idle", "probe_steady")} | summarize(r)
+    dropped = ("probe_idle", "probe_steady") if args.raw else ("ups", "ends", "probe_idle", "probe_steady")
+    slim = [{k: v for k, v in r.items() if k not in dropped} | summarize(r)
             | store_by_method(r) | {"detections": detections(r)} for r in runs]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "table": rows, "runs": slim}, indent=1))

@@ -47,3 +47,24 @@ def test_the_done_set_reread_is_linear_in_n_per_change_only_before_the_change_lo
 
 def test_the_store_saturates_sooner_with_the_direct_check():
     assert model.break_point(COSTS, group=False) < 1000 < model.break_point(COSTS, group=True)
+
+
+def test_a_group_member_reads_a_published_loss_at_its_next_tick():
+    d = model.detection(1000, 5.0, 0.001, group=True)
+    assert d["max"] <= 5.0 + 2 * model.WATCH_EVERY + 0.01  # the watcher's look, then the member's tick that wakes it
+
+
+def test_the_store_cpu_lies_between_calls_back_to_back_and_every_call_waking_the_loop():
+    costs = model.StoreCosts(COSTS.cpu_call, COSTS.cpu_key, COSTS.round_trip, wake=40.0)
+    load = model.steady_load(256, 1)
+    low, high = costs.cpu_range(load)
+    assert low == costs.cpu(load) and abs(high - low - 40e-6 * model.total(load)[0]) < 1e-9
+
+
+def test_the_join_on_a_shared_host_is_its_cpu_and_on_a_host_per_task_the_protocol():
+    host = model.Host(cores=2.0, tasks=512, task_cpu=0.0006, post_meet_cpu=0.008)
+    alone = model.join_after_last_start(512, 0.001)
+    shared = model.join_after_last_start(512, 0.001, host=host)
+    assert alone < 0.5 and shared > alone + 512 * 0.008 / 2.0  # 4 s of CPU on two cores, less what the rest takes
+    crowded = model.Host(cores=2.0, tasks=4096, task_cpu=0.0006, post_meet_cpu=0.008)
+    assert model.join_after_last_start(4096, 0.001, host=crowded) == float("inf")  # the steady work alone fills it
