@@ -31,6 +31,7 @@ from typing import Collection, List, Optional, Sequence, Tuple
 
 from towerflow import _log
 from towerflow.cluster.membership import failures as _failures
+from towerflow.cluster.membership import numbered as _numbered
 from towerflow.cluster.store import stores as _stores
 from towerflow.cluster.calls import endpoint as _calls
 from towerflow.cluster.store.c10d import Store
@@ -68,12 +69,11 @@ def count_change(store: Store, key: str, is_set: bool) -> None:
 def changes(store: Store, after: int, upto: int) -> Optional[List[Tuple[str, bool]]]:
     """The changes numbered after+1 .. upto, in order, as (key, set or deleted); None while one of them is counted and
     not recorded yet (its task is between the two calls of count_change): the caller reads the keys themselves."""
-    keys = [f"{CHANGE}{n}" for n in range(after + 1, upto + 1)]
-    if not keys:
-        return []
-    if not store.check(keys):
+    numbers = range(after + 1, upto + 1)
+    found = _numbered.read(store, CHANGE, numbers)
+    if len(found) < len(numbers):
         return None
-    return [(key, bool(is_set)) for key, is_set in (json.loads(v) for v in store.multi_get(keys))]
+    return [(key, bool(is_set)) for key, is_set in (json.loads(found[n]) for n in numbers)]
 
 
 def _read(store: Store) -> str:

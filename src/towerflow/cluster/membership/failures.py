@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 
 from towerflow import etcd_url
 from towerflow import taskenv as _taskenv
+from towerflow.cluster.membership import numbered as _numbered
 from towerflow.cluster.spec import split_address
 from towerflow.errors import ClusterTimeoutError, ConnectionLost, PeerLost
 
@@ -153,14 +154,10 @@ class RecordedTasks:
             return list(self._tasks)
 
     def _take(self, store, numbers) -> None:
-        keys = [f"failures/{n}" for n in numbers]
-        if store.check(keys):
-            found = list(zip(numbers, store.multi_get(keys)))
-        else:  # a publisher counted its record and has not written it yet: the others one by one
-            found = [(n, store.get(k)) for n, k in zip(numbers, keys) if store.check([k])]
-        self._unwritten = set(numbers) - {n for n, _ in found}
-        for _, text in found:
-            record = json.loads(text)
+        found = _numbered.read(store, "failures/", numbers)
+        self._unwritten = set(numbers) - set(found)  # counted, not written yet: read again next time
+        for number in sorted(found):
+            record = json.loads(found[number])
             if record.get("job") is not None and record.get("index") is not None:
                 self._tasks.setdefault((record["job"], record["index"]), None)
 

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from towerflow.cluster.membership import numbered as _numbered
 from towerflow.devices.spec import DeviceSpec
 
 WATCHED_FROM = 32  # clusters of more tasks are watched by group; smaller ones check each other directly
@@ -138,11 +139,11 @@ class Watch:
             published = int(store.add(VERSION, 0))
         if published <= self._read:
             return
+        found = _numbered.read(store, "lost/", range(self._read + 1, published + 1))
         for number in range(self._read + 1, published + 1):
-            key = f"lost/{number}"
-            if not store.check([key]):  # its publisher counted it and has not written it yet: read it next time
+            if number not in found:  # its publisher counted it and has not written it yet: read it next time
                 return
-            record = json.loads(store.get(key))
+            record = json.loads(found[number])
             self._records[(record["job"], record["index"])] = record
             self._read = number
             for event in self._waking:
