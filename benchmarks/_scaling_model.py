@@ -20,6 +20,7 @@ BARRIER_EVERY = 0.2  # a task in the end barrier (membership.wait_until_all_done
 WATCH_EVERY = 0.5  # watch.WATCH_EVERY: a task's tick (its group, or its watcher)
 WATCHED_FROM = 32  # watch.WATCHED_FROM: larger clusters are watched by group
 POLL = 0.1  # rendezvous.POLL: a wait for all slots / all up
+CHECK_WINDOW = 64  # rendezvous.CHECK_WINDOW: the keys a poll asks about at first
 
 Load = Dict[str, Tuple[float, float]]  # method -> (calls/s, keys/s)
 
@@ -227,16 +228,17 @@ def join_after_last_start(n: int, latency: float, round_trips: int = 12, host: "
     return protocol + on_host * host.post_meet_cpu / free
 
 
-def join_poll_load(n: int, missing: int) -> Load:
+def join_poll_load(n: int, missing: int, window: int = CHECK_WINDOW) -> Load:
     """The store work of the N - `missing` tasks already waiting for all while `missing` keys are unset
-    (rendezvous.unmarked): a check of every missing key, then one-key checks up to the first unset, ten times a
-    second each. Largest at missing = N/2."""
+    (rendezvous.unmarked): a check of the first `window` missing keys (None: all of them), then one-key checks up
+    to the first unset, ten times a second each. Largest at missing = N/2."""
     load: Load = {}
     waiting = n - missing
     if missing <= 0 or waiting <= 0:
         return load
-    _plus(load, "check", waiting / POLL, missing)
-    _plus(load, "check", waiting / POLL, 1)  # the walk stops at the first unset key: about one in random arrival order
+    _plus(load, "check", waiting / POLL, missing if window is None else min(missing, window))
+    # the walk stops at the first unset key: in random arrival order, N / missing keys in
+    _plus(load, "check", waiting / POLL * n / missing, 1)
     return load
 
 

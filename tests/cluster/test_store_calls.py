@@ -16,10 +16,10 @@ class CountingStore:
     """TCPStore's calls used here, each counted."""
 
     def __init__(self):
-        self.d, self.calls = {}, 0
+        self.d, self.calls, self.keys_checked = {}, 0, 0
 
     def check(self, keys):
-        self.calls += 1
+        self.calls, self.keys_checked = self.calls + 1, self.keys_checked + len(keys)
         return all(k in self.d for k in keys)
 
     def get(self, key):
@@ -197,6 +197,32 @@ def test_waiting_for_all_asks_only_the_missing(monkeypatch):
     before = store.calls
     rv.wait_for_all("up", time.monotonic() + 5, "tasks up")
     assert store.calls - before == 1
+
+
+def test_a_poll_of_a_large_cluster_joining_asks_about_a_window_of_keys(monkeypatch):
+    """1,000 tasks, half of them up (in random order): a waiting task's poll asks about a window of the missing keys,
+    not all 500 of them (every waiting task polls ten times a second); once all are up, a poll costs a few calls."""
+    import random
+
+    from towerflow.cluster.membership.rendezvous import CHECK_WINDOW
+
+    s = _cluster(1000, monkeypatch)
+    rv, store = s.rendezvous, s.rendezvous.store
+    tasks = s.cluster.tasks()
+    for t in tasks:
+        del store.d[f"up/{t.job}/{t.task}"]
+    up = random.Random(0).sample(tasks, 500)
+    for t in up:
+        store.d[f"up/{t.job}/{t.task}"] = b"1"
+    before, keys_before = store.calls, store.keys_checked
+    missing = rv.unmarked("up", tasks)
+    assert missing[0] == next(t for t in tasks if t not in up) and set(missing) >= set(tasks) - set(up)
+    assert store.keys_checked - keys_before <= CHECK_WINDOW + 10 and store.calls - before <= 10  # a window, a short walk
+    for t in tasks:
+        store.d[f"up/{t.job}/{t.task}"] = b"1"
+    before = store.calls
+    assert rv.unmarked("up", missing) == []
+    assert store.calls - before <= 5  # windows of 64, 128, 256 and the rest
 
 
 def test_a_task_another_one_stands_in_for_is_not_waited_for_and_costs_no_store_call(monkeypatch):

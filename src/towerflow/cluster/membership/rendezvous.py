@@ -36,6 +36,7 @@ from towerflow.errors import ClusterJoinError, ClusterTimeoutError
 
 SAY_EVERY = 5.0  # seconds between repeated waiting messages
 POLL = 0.1
+CHECK_WINDOW = 64  # keys a poll of a wait for all asks about at first (`unmarked`)
 BEAT_EVERY = 1.0  # each task bumps its heartbeat counter in the store this often (membership.py)
 
 
@@ -300,18 +301,23 @@ class Rendezvous:
             time.sleep(POLL)
 
     def unmarked(self, kind: str, tasks, all_of_them: bool = False) -> list:
-        """The tasks (of `tasks`, in order) whose `kind` key is not set yet. One store call when every key
-        is set; else, unless `all_of_them`, one per key up to the first unset one, and the rest are
-        assumed unset (asked again next time): a poll costs O(1) calls instead of one per task
-        (docs/scaling.md: every task polling every key made joining 128 tasks take minutes)."""
-        if not tasks or self.store.check([self.key(kind, t.job, t.task) for t in tasks]):
-            return []
-        for i, t in enumerate(tasks):
-            if not self.is_marked(kind, t.job, t.task):
-                if all_of_them:
-                    return [t] + [u for u in tasks[i + 1:] if not self.is_marked(kind, u.job, u.task)]
-                return list(tasks[i:])
-        return []  # all set between the two reads
+        """The tasks (of `tasks`, in order) whose `kind` key is not set yet, asked in windows: the first
+        CHECK_WINDOW keys in one call, and while every key of a window is set the next, twice as long (a poll
+        when all are set costs a few calls). In the first window with an unset key, one call per key up to it;
+        unless `all_of_them`, the rest are assumed unset (asked again next time). Every task waiting polls ten
+        times a second: asking each time about every key still missing made the store read N²/4 keys per poll
+        round while a large cluster joined, and one call per key made joining 128 tasks take minutes."""
+        start, size = 0, CHECK_WINDOW
+        while start < len(tasks):
+            window = tasks[start:start + size]
+            if not self.store.check([self.key(kind, t.job, t.task) for t in window]):
+                for i, t in enumerate(window, start):
+                    if not self.is_marked(kind, t.job, t.task):
+                        if all_of_them:
+                            return [t] + [u for u in tasks[i + 1:] if not self.is_marked(kind, u.job, u.task)]
+                        return list(tasks[i:])
+            start, size = start + len(window), 2 * size  # all set (or set between the two reads)
+        return []
 
     def wait_for_others(self, kind: str, seconds: float, absent: Collection[Tuple[str, int]] = ()) -> None:
         """Wait (at most `seconds`) until every other task, but those (job, index) `absent`, has set its `kind` key."""
