@@ -47,10 +47,14 @@ MEASURED = [
     ("scaling_join_names_2026-12-05.json", "before", None, True, 3.0, True),
     ("scaling_join_names_2026-12-05.json", "after", None, True, 3.0, True),
     ("scaling_resolver_1s_2026-12-05.json", "new", None, True, 3.0, True),
+    ("scaling_window_2026-12-05.json", "before", None, True, 3.0, True),
+    ("scaling_window_2026-12-05.json", "after", None, True, 3.0, True),
+    ("scaling_window_512_2026-12-05.json", "before", None, True, 3.0, True),
+    ("scaling_window_512_2026-12-05.json", "after", None, True, 3.0, True),
 ]
 
 
-WINDOWED = {("scaling_window_2026-12-05.json", "after")}
+WINDOWED = {("scaling_window_2026-12-05.json", "after"), ("scaling_window_512_2026-12-05.json", "after")}
 
 
 def _err(model_value: float, measured: float) -> float:
