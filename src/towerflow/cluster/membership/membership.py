@@ -256,8 +256,11 @@ class Membership:
         """The final failures among `tasks`, the first recorded first, read as they are asked for: one store call
         while no new failure is recorded, then the failed tasks' records only (`RecordedTasks`), so that a check
         that stops at the first costs a few calls even when hundreds of tasks failed in its wake."""
+        recorded = self._recorded.of(self._store)
+        if not recorded:  # the common case, every second of every waiting task: nothing more to build
+            return
         among = {(t.job, t.task) for t in tasks}
-        for job, index in self._recorded.of(self._store):
+        for job, index in recorded:
             if (job, index) in among:
                 failed = self.final_failure(job, index)
                 if failed is not None:
@@ -375,7 +378,7 @@ def wait_for(future, check: Callable[[], None], every: float = 1.0, woken: Optio
     future.add_done_callback(lambda _f: ready.set())
     while True:
         ready.wait(every)
+        ready.clear()  # before the future is asked: a completion from now on sets it again, and is not lost
         if future.done():
             return
-        ready.clear()
         check()
