@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from towerflow.cluster.spec import ClusterSpec
-from towerflow.errors import ClusterTimeoutError, ParameterServerError
+from towerflow.errors import ClusterTimeoutError, ConnectionLost, ParameterServerError
 from towerflow.ps.messages import PushPull, Ticket
 from towerflow.ps.replication_messages import PROMOTED, move_key, part_key
 from towerflow.ps.server.replication import snapshot as _snapshot
@@ -382,3 +382,122 @@ def test_a_promoted_backup_that_beats_on_is_connected_to_again_not_replaced(monk
     Recovery(client).recover(ps_task_lost(0, "ps:1", "the connection to ps:1 closed"))
     assert asked == [] and reconnected == ["ps:1"] and client.server.beats_watched == [(1, 5.0)]
     assert client.channels[0].via == "ps:1"
+
+
+def _promote_answers_by_task(monkeypatch, asked, answers):
+    """Each ps task answers `promote` as `answers` says by its call name: True (it serves the part), False (its mirror
+    cannot stand for the one it replaces), or an exception (it is lost during the call); a callable is asked for
+    the answer as the call is made. The calls are recorded in `asked`."""
+    from towerflow.ps.worker import recovery as _recovery
+
+    def call_async(to, endpoint, args):
+        asked.append((to, args))
+        answer = answers[to]() if callable(answers[to]) else answers[to]
+        future = torch.futures.Future()
+        future.set_exception(answer) if isinstance(answer, Exception) else future.set_result(answer)
+        return future
+    monkeypatch.setattr(_recovery._calls, "call_async", call_async)
+
+
+def _stand_ins(client, stands):
+    """The store's stand-in marks as `stands` holds them at each look: a part's task -> who serves it (a call name)."""
+    client.server.membership.stood_in = lambda: frozenset(("ps", task) for task in stands)
+    client.server.membership.stood_in_by = lambda job, task: stands.get(task)
+
+
+def _recovery_saying(client, said):
+    recovery = Recovery(client)
+    recovery._say = said.append
+    return recovery
+
+
+def _lost(name):
+    return ConnectionLost(f"the connection to {name} closed", task=name)
+
+
+@pytest.mark.parametrize("max_restarts, waited", [(3, [(0, 5.0)]), (0, [])])
+def test_a_backup_lost_while_asked_to_serve_leaves_the_part_where_another_worker_promoted_it_onward(
+        monkeypatch, max_restarts, waited):
+    """Three ps tasks; ps 0 is lost for good. As this worker asks ps 1 to serve ps 0's part, ps 1 is lost too, and
+    another worker, for which ps 1 served the part just before, has ps 2 serve it meanwhile: this worker calls the
+    part at ps 2 and goes on, instead of waiting for ps 0, which will never be back."""
+    stands, asked, said = {}, [], []
+
+    def lost_as_another_worker_promotes_onward():
+        stands[0] = "ps:2"
+        return _lost("ps:1")
+    _promote_answers_by_task(monkeypatch, asked, {"ps:1": lost_as_another_worker_promotes_onward, "ps:2": True})
+    client = _Client(num_ps=3, max_restarts=max_restarts)
+    _stand_ins(client, stands)
+    recovery = _recovery_saying(client, said)
+    recovery.recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
+    assert asked == [("ps:1", ("model", 0, "ps:0")), ("ps:2", ("model", 0, "ps:0"))]
+    assert client.server.waited == waited  # the promotion wait, if any, and no wait for ps 0's restart after it
+    assert (client.channels[0].via, client.channels[0].key) == ("ps:2", part_key("model", 0))
+    assert client.pushed_again == [(0, "ps:2", 10)]  # the push the part lacked, sent to ps 2
+    (record,) = recovery.recoveries
+    assert record["promoted"] == [0] and record["steps_lost"] == 0
+    assert said[-1].startswith("/job:ps/task:0 and then ps:1, the backup that served its part, were lost: its part is "
+                               "served by its backup ps:2 (promoted); going on at global step 20; lost: nothing")
+
+
+@pytest.mark.parametrize("stands, waited", [({0: "ps:1"}, []), ({}, [(0, 5.0)])])
+def test_a_backup_lost_while_asked_to_serve_before_anyone_promoted_onward_is_passed_for_the_next_ps_task(
+        monkeypatch, stands, waited):
+    """ps 1, which stands in for ps 0 (another worker had it promoted) or is only its backup yet, is lost as this worker
+    asks it for ps 0's part, and no other task stands in yet: this worker has ps 2 serve the part in place of ps 1,
+    from the mirror ps 1 fed it once promoted, as when the task that served the part is lost."""
+    asked, said = [], []
+    _promote_answers_by_task(monkeypatch, asked, {"ps:1": _lost("ps:1"), "ps:2": True})
+    client = _Client(num_ps=3)
+    _stand_ins(client, dict(stands))
+    recovery = _recovery_saying(client, said)
+    recovery.recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
+    assert asked == [("ps:1", ("model", 0, "ps:0")), ("ps:2", ("model", 0, "ps:1"))]
+    assert client.server.beats_watched == [(1, 5.0)]  # ps 1 was gone, not only cut off from this worker
+    assert client.server.waited == waited and client.channels[0].via == "ps:2"
+    assert said[-1].startswith("/job:ps/task:0 and then ps:1, the backup that served its part, were lost: its part is "
+                               "served by its backup ps:2 (promoted)")
+
+
+def test_a_backup_cut_off_while_asked_to_serve_is_not_passed(monkeypatch):
+    """The call to ps 1 failed but its heartbeats go on (only the connection was lost): ps 2 is not promoted beside a
+    task that may still serve the others; the usual wait decides (the fake launcher never brings ps 0 back)."""
+    asked = []
+    _promote_answers_by_task(monkeypatch, asked, {"ps:1": _lost("ps:1"), "ps:2": True})
+    client = _Client(num_ps=3, beating=True)
+    _stand_ins(client, {0: "ps:1"})
+    with pytest.raises(ClusterTimeoutError):
+        Recovery(client).recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
+    assert [to for to, _ in asked] == ["ps:1", "ps:1"] and client.channels[0].via is None
+
+
+@pytest.mark.parametrize("ps2, lost_too", [
+    (False, "ps:1, asked to serve its part in its place, was lost too"),
+    (_lost("ps:2"), "ps:1, ps:2, asked to serve its part in its place, were lost too")])
+def test_a_part_that_no_ps_task_left_can_serve_and_whose_task_will_not_be_restarted_ends_the_job_saying_so(
+        monkeypatch, ps2, lost_too):
+    """ps 0 will not be restarted; ps 1, which stands in for it, is lost as this worker asks it, and ps 2 holds no
+    mirror fed by ps 1 (it refuses), or is lost too: the job ends naming the part lost, instead of waiting."""
+    asked = []
+    _promote_answers_by_task(monkeypatch, asked, {"ps:1": _lost("ps:1"), "ps:2": ps2})
+    client = _Client(num_ps=3, max_restarts=0)
+    _stand_ins(client, {0: "ps:1"})
+    with pytest.raises(ParameterServerError) as e:
+        Recovery(client).recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
+    assert str(e.value).startswith(f"/job:ps/task:0's part is lost: that task will not be restarted (no restarts left) "
+                                   f"and {lost_too}")
+    assert "Restart the job from the newest checkpoint" in str(e.value)
+    assert [to for to, _ in asked].count("ps:1") == 1 and client.server.waited == []  # a lost task is asked once
+
+
+def test_a_part_that_no_ps_task_left_can_serve_waits_for_its_task_when_that_will_be_restarted(monkeypatch):
+    """As above, with restarts left: the part's own task is waited for, as without replicas (the chief then restores
+    it); here the fake launcher never brings it back, and the wait says so."""
+    asked = []
+    _promote_answers_by_task(monkeypatch, asked, {"ps:1": _lost("ps:1"), "ps:2": False})
+    client = _Client(num_ps=3)
+    _stand_ins(client, {0: "ps:1"})
+    with pytest.raises(ClusterTimeoutError):
+        Recovery(client).recover(ps_task_lost(0, "ps:0", "ps:0 is gone"))
+    assert client.server.waited == [(0, 5.0), (0, None)] and client.channels[0].via is None
