@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Collection, List, Optional, Sequence, Tuple
+from typing import Collection, List, Sequence, Tuple
 
 from towerflow import _log
 from towerflow.cluster.membership import failures as _failures
@@ -66,14 +66,18 @@ def count_change(store: Store, key: str, is_set: bool) -> None:
     store.set(f"{CHANGE}{number}", json.dumps([key, is_set]))
 
 
-def changes(store: Store, after: int, upto: int) -> Optional[List[Tuple[str, bool]]]:
-    """The changes numbered after+1 .. upto, in order, as (key, set or deleted); None while one of them is counted and
-    not recorded yet (its task is between the two calls of count_change): the caller reads the keys themselves."""
+def changes(store: Store, after: int, upto: int) -> List[Tuple[str, bool]]:
+    """The changes numbered after+1 .. upto, in order, as (key, set or deleted), up to the first one counted and not
+    recorded yet (its task is between the two calls of count_change, or died there): fewer than upto - after then."""
     numbers = range(after + 1, upto + 1)
     found = _numbered.read(store, CHANGE, numbers)
-    if len(found) < len(numbers):
-        return None
-    return [(key, bool(is_set)) for key, is_set in (json.loads(found[n]) for n in numbers)]
+    recorded = []
+    for n in numbers:
+        if n not in found:
+            break
+        key, is_set = json.loads(found[n])
+        recorded.append((key, bool(is_set)))
+    return recorded
 
 
 def _read(store: Store) -> str:
