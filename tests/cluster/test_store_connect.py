@@ -3,6 +3,7 @@ short of CPU; each gets in, or an error that says what it waited for and how lon
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -75,3 +76,22 @@ def test_many_tasks_connecting_at_the_same_instant_all_get_in():
         t.join(60)
     assert sorted(r for r in results if isinstance(r, int)) == list(range(64)), results
     assert store.add("joined", 0) == 64
+
+
+def test_a_connection_that_waited_on_the_name_resolver_says_so(monkeypatch, caplog):
+    """A resolver that does not answer torch's lookup of the client's own address costs each connection its timeout
+    (5 s): the join is slow for no reason the user can see, so the connection says where to look."""
+    store = c10d.host_store(c10d.listen("127.0.0.1", 0), 30)
+    connect = c10d.dist.TCPStore
+
+    def slow_lookup(*args, **kwargs):
+        time.sleep(0.3)
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(c10d.dist, "TCPStore", slow_lookup)
+    monkeypatch.setattr(c10d, "SLOW_CONNECT", 0.2)
+    with caplog.at_level("WARNING", logger="towerflow"):
+        c10d.connect_store("127.0.0.1", store.port, timeout=10).set("joined", "yes")
+    assert store.get("joined") == b"yes"
+    assert re.search(rf"connecting to the store at 127.0.0.1:{store.port} took 0\.\d s: .*name resolver.*/etc/hosts",
+                     caplog.text), caplog.text

@@ -17,11 +17,13 @@ from typing import Any, Dict, List, Optional
 
 import torch.distributed as dist
 
+from towerflow import _log
 from towerflow._waiting import wait_until
 from towerflow.errors import ClusterJoinError
 from towerflow.taskenv import ENV_JOIN_TIMEOUT
 
 Store = dist.Store
+SLOW_CONNECT = 4.5  # s: a connection this slow waited on a resolver's timeout (5 s by default), as a rule
 
 
 def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -90,6 +92,7 @@ def connect_store(host: str, port: int, timeout: float, answer_within: Optional[
                 out["error"] = e
 
         t = threading.Thread(target=connect, name="towerflow-store-connect", daemon=True)
+        started = time.monotonic()
         t.start()
         t.join(max(0.0, deadline - time.monotonic()))
         if t.is_alive():
@@ -100,6 +103,12 @@ def connect_store(host: str, port: int, timeout: float, answer_within: Optional[
                 f"raise the wait with {ENV_JOIN_TIMEOUT}."
             )
         if "store" in out:
+            took = time.monotonic() - started
+            if took >= SLOW_CONNECT:
+                _log.get("cluster").warning(
+                    f"connecting to the store at {host}:{port} took {took:.1f} s: as a rule the host's name resolver, "
+                    "which torch's store client asks for the name of its own address and which did not answer "
+                    "(docs/cluster.md, 'A join that takes 5 or 10 s more': name the address in /etc/hosts)")
             return out["store"]
         last_error = str(out["error"]).splitlines()[0]
         pause = min(2.0, 0.05 * 2 ** tries) * random.uniform(0.5, 1.5)
