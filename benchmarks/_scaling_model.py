@@ -12,7 +12,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 BEAT_EVERY = 1.0  # rendezvous.BEAT_EVERY: one `add` per task per second (membership._start_heartbeat)
 CHECK_EVERY = 1.0  # a worker's peer check while it waits (membership.wait_watching)
@@ -20,9 +20,13 @@ BARRIER_EVERY = 0.2  # a task in the end barrier (membership.wait_until_all_done
 WATCH_EVERY = 0.5  # watch.WATCH_EVERY: a task's tick (its group, or its watcher)
 WATCHED_FROM = 32  # watch.WATCHED_FROM: larger clusters are watched by group
 POLL = 0.1  # rendezvous.POLL: a wait for all slots / all up
+JOIN_ROUND_TRIPS = 12  # a task's store calls from its meet to up (publisher, slot, endpoint address, first beat, ...)
 CHECK_WINDOW = 64  # rendezvous.CHECK_WINDOW: the keys a poll asks about at first
 
 Load = Dict[str, Tuple[float, float]]  # method -> (calls/s, keys/s)
+# one task of store_calibration.py's load (its TASK_CALLS): a beat and a check's three adds, two ticks' multi_gets
+# of three keys, per second
+CALIBRATION_MIX: Load = {"add": (4.0, 4.0), "multi_get": (2.0, 6.0)}
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class StoreCosts:
     round_trip: float
     cores: float = 1.0  # the cores its server can use (TCPStore: one event loop)
     wake: float = 0.0  # µs more for a call that finds the server's loop asleep (calls spaced apart)
+    # (calls/s, server CPU µs per call) with a cluster's mix of calls arriving from many connections, by rate
+    under_load: Tuple[Tuple[float, float], ...] = ()
 
     def cpu(self, load: Load) -> float:
         """Seconds of server CPU per second for `load`, calls back to back (the lower bound)."""
@@ -46,6 +52,38 @@ class StoreCosts:
         low = self.cpu(load)
         return low, low + 1e-6 * self.wake * total(load)[0]
 
+    def per_call_at(self, rate: float) -> Optional[float]:
+        """The server's CPU µs per call when a cluster's calls arrive at `rate` per s (None: not calibrated):
+        interpolated in log(rate) between the calibrated rates; below them the slowest rate's figure, above them
+        the fastest's (more calls share a wake-up as the rate grows, so past the calibration this is an upper
+        bound, and `cpu` the lower)."""
+        points = sorted(self.under_load)
+        if not points or rate <= 0:
+            return None
+        if rate <= points[0][0]:
+            return points[0][1]
+        for (r0, c0), (r1, c1) in zip(points, points[1:]):
+            if rate <= r1:
+                f = math.log(rate / r0) / math.log(r1 / r0)
+                return c0 + f * (c1 - c0)
+        return points[-1][1]
+
+    def cpu_loaded(self, load: Load) -> Tuple[float, float]:
+        """The store's CPU (s per s) for `load` at its rate of calls, as the calibration under load measured it:
+        its back-to-back cost (`cpu`) plus, per call, what a call of the calibration's mix cost there beyond its
+        own back-to-back cost (the wake-ups its arrivals did not share). (figure, upper bound): the same within
+        the calibrated rates; past them the back-to-back figure, bounded by the fastest calibrated rate's extra.
+        Without a calibration under load, `cpu_range`."""
+        calls = total(load)[0]
+        per_call = self.per_call_at(calls)
+        if per_call is None:
+            return self.cpu_range(load)
+        mix = self.cpu(CALIBRATION_MIX) / total(CALIBRATION_MIX)[0]
+        extra = 1e-6 * calls * max(0.0, per_call - 1e6 * mix)
+        if calls > max(r for r, _ in self.under_load):
+            return self.cpu(load), self.cpu(load) + extra
+        return self.cpu(load) + extra, self.cpu(load) + extra
+
     @classmethod
     def from_calibration(cls, r: dict, cores: float = 1.0) -> "StoreCosts":
         """From one store's section of store_calibration.py's JSON (`set` is costed as `add`: TCPStore's set
@@ -57,7 +95,11 @@ class StoreCosts:
             fit = r[f"{m}_server_cpu_us_fit"]
             call[m], key[m] = fit["per_call"], fit["per_key"]
         wake = max(0.0, r["add_spaced"]["server_cpu_us"] - call["add"]) if "add_spaced" in r else 0.0
-        return cls(call, key, r["add"]["wall_us"], cores, wake)
+        loaded = {}
+        for row in r.get("under_load", ()):
+            loaded.setdefault(row["calls_s"], []).append(row["server_cpu_us_per_call"])
+        under_load = tuple((rate, statistics.median(costs)) for rate, costs in sorted(loaded.items()))
+        return cls(call, key, r["add"]["wall_us"], cores, wake, under_load)
 
 
 def _plus(load: Load, method: str, calls: float, keys_per_call: float = 1.0) -> None:
@@ -192,40 +234,12 @@ def detection(n: int, timeout: float, latency: float, group: bool = None, trials
     return {"first": out[0], "med": statistics.median(out), "max": out[-1]}
 
 
-@dataclass(frozen=True)
-class Host:
-    """The cores the tasks share, and what a task spends of them (measured at a size where nothing waits for a
-    core). The measured runs put every task on one machine; a real cluster one task per host (no Host: the
-    protocol alone)."""
-
-    cores: float
-    tasks: int  # how many of the cluster's tasks share these cores
-    task_cpu: float  # a task's CPU s per s once up (its beats, ticks and checks, and their threads)
-    post_meet_cpu: float  # a task's CPU s from the end of its meet (every slot taken) until it is up
-    client_check_cpu: Tuple[float, float] = (0.0, 0.0)  # a client's CPU s per check call, and per key of it
-
-    def free_cores(self, busy_tasks: float, polls_s: float, keys_per_poll: float, store_cpu: float) -> float:
-        """The cores left once the up tasks' steady work, the waiting tasks' polls and the store are served."""
-        call, key = self.client_check_cpu
-        return self.cores - busy_tasks * self.task_cpu - polls_s * (call + key * keys_per_poll) - store_cpu
-
-
-def join_after_last_start(n: int, latency: float, round_trips: int = 12, host: "Host" = None,
-                          store_cpu: float = 0.0) -> float:
-    """From the last task's start (torch imported) until every task is up: the last task's own round trips (store,
-    publisher, slot, its endpoint's address, first beat, incarnation, up: `round_trips`), and two waits for all
-    (slots, then up) that each see the last key at most one POLL late. On a shared `host`, every task's work from
-    its meet's end to up (`post_meet_cpu`) starts at once when the last slot is taken, and shares the cores left
-    by the tasks' steady work, the polls of those already up (half the cluster on average, each asking for the
-    other half ten times a second) and the store (`store_cpu`)."""
-    protocol = round_trips * latency + 2 * POLL
-    if host is None:
-        return protocol
-    on_host = min(n, host.tasks)
-    free = host.free_cores(on_host, (on_host / 2) / POLL, n / 2, store_cpu)
-    if free <= 0:
-        return math.inf
-    return protocol + on_host * host.post_meet_cpu / free
+def join_after_last_start(n: int, latency: float, round_trips: int = JOIN_ROUND_TRIPS) -> float:
+    """The protocol's own time from the last task's start (torch imported) until every task is up, no task waiting
+    for a core: the last task's round trips (store, publisher, slot, its endpoint's address, first beat,
+    incarnation, up: `round_trips`), and two waits for all (slots, then up) that each see the last key at most one
+    POLL late. benchmarks/_scaling_join.py simulates it where the tasks share cores or the store is busy."""
+    return round_trips * latency + 2 * POLL
 
 
 def join_poll_load(n: int, missing: int, window: int = CHECK_WINDOW) -> Load:
@@ -255,7 +269,8 @@ def predict(n: int, ps: int, costs: StoreCosts, timeout: float = 5.0, group: boo
     join_load = merged(load, join_poll_load(n, n // 2))  # half the cluster still missing: the storm's peak
     join_util, join_latency = store_latency(join_load, costs)
     return {"tasks": n, "ps": ps, "group_watch": uses_group_watch(n) if group is None else group,
-            "store_calls_s": calls, "store_keys_s": keys, "store_cpu_s": costs.cpu_range(load), "store_util": util,
+            "store_calls_s": calls, "store_keys_s": keys, "store_cpu_s": costs.cpu_range(load),
+            "store_cpu_loaded_s": costs.cpu_loaded(load), "store_util": util,
             "call_latency_s": latency, "join_peak_util": join_util,
             "join_after_last_start_s": join_after_last_start(n, join_latency),
             "detect": detection(n, timeout, latency, group)}

@@ -109,6 +109,9 @@ def summarize(r: dict) -> Dict[str, float]:
         # once the last one has started
         "post_meet_cpu_ms": 1000 * _med(u["cpu_up"] - u["cpu_met"] for u in ups) if all("cpu_met" in u for u in ups)
         else float("nan"),
+        # its meet's CPU: connecting, claiming its slot, and polling until every slot is taken
+        "meet_cpu_ms": 1000 * _med(u["cpu_met"] - u["cpu_imported"] for u in ups) if all("cpu_imported" in u for u in ups)
+        else float("nan"),
         "store_ops_s": sum(calls_ok) * n / max(1, len(calls_ok)) + sum(beats),
         "ps_ops_s": calls[0] if ps and ps[0]["rank"] == 0 and calls else float("nan"),
         "worker_ops_s": _med(_rate(e, "steady", "fanin") for e in workers),

@@ -241,6 +241,31 @@ def _estimate_mb(runs: List[dict], spawn: str) -> float:
     return psutil.Process().memory_full_info().uss / MB
 
 
+def resolver_probe(lookups: int = 128) -> float:
+    """The slowest of `lookups` simultaneous reverse lookups of ::ffff:127.0.0.1, the address a TCPStore client
+    looks its own name up by on loopback: seconds of a resolver's timeout each connection of a join storm waits
+    (docs/cluster.md), which a run's join times then carry besides the protocol."""
+    import socket
+    import threading
+
+    took: List[float] = []
+
+    def lookup() -> None:
+        t = time.perf_counter()
+        try:
+            socket.getnameinfo(("::ffff:127.0.0.1", 1, 0, 0), 0)
+        except OSError:
+            pass
+        took.append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=lookup, daemon=True) for _ in range(lookups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return max(took, default=30.0)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, nargs="+", default=[32, 64, 128])
@@ -258,6 +283,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     srcs = dict(s.split("=", 1) for s in args.src) or {"new": str(ROOT / "src")}
     srcs = {k: str(Path(v).resolve()) for k, v in srcs.items()}
+    resolver_s = resolver_probe()
+    if resolver_s > 0.5:
+        print(f"note: 128 simultaneous reverse lookups of ::ffff:127.0.0.1 took up to {resolver_s:.1f} s here: every join "
+              "below includes the name resolver's timeouts (docs/cluster.md: list the address in /etc/hosts)", flush=True)
     costs = store_costs()
     print("store costs (this process's own store, µs): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()), flush=True)
     runs: List[dict] = []
@@ -298,7 +327,8 @@ def main(argv=None) -> None:
     rows = print_table(runs)
     meta = {"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total / (1 << 30):.0f} GiB",
             "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "python": sys.version.split()[0], "refused": refused, "failed": failed, "store_costs": costs, "sources": srcs}
+            "python": sys.version.split()[0], "refused": refused, "failed": failed, "store_costs": costs, "sources": srcs,
+            "resolver_lookup_max_s": resolver_s}
     dropped = ("probe_idle", "probe_steady") if args.raw else ("ups", "ends", "probe_idle", "probe_steady")
     slim = [{k: v for k, v in r.items() if k not in dropped} | summarize(r)
             | store_by_method(r) | {"detections": detections(r)} for r in runs]

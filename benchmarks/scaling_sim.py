@@ -1,23 +1,30 @@
-"""The cluster protocol's model (benchmarks/_scaling_model.py) checked against the measured scaling runs, then run
-at 1,000 and 10,000 tasks on the embedded store (TCPStore) and on etcd. docs/scaling.md reads it.
+"""The cluster protocol's model (benchmarks/_scaling_model.py, with the join simulated by _scaling_join.py) checked
+against the measured scaling runs, then run at 1,000 and 10,000 tasks on the embedded store (TCPStore) and on etcd.
+docs/scaling.md reads it.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/scaling_sim.py \
-        [--calibration benchmarks/results/store_calibration_2026-12-05.json] [--host RUN.json] [--out FILE]
+    PYTHONPATH=src .venv/bin/python benchmarks/scaling_sim.py [--calibration STORE.json] [--host RUN.json] \
+        [--polls POLLS.json] [--out FILE]
 
-Checked against: the store calls per second (client-counted calls plus the beats), the keys per second where a run
-counted them, the store host's CPU, and the detection times of benchmarks/results/scaling*.json; each row gives
-model / measured and the error.
+Its inputs are calibrations, none of them the runs it is checked on: the store's costs (store_calibration.py
+--load), a waiting poll's CPU (poll_calibration.py) and a task's own CPU (a scaling.py run at a size where no task
+waits for a core). Checked against: the store calls per second (client-counted calls plus the beats), the keys
+per second, the store host's CPU, the detection times and the join after the last start of
+benchmarks/results/scaling*.json; each row gives model / measured and the error, and JUDGED's runs are compared
+by the median of each size's repeats.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _scaling_model as model  # noqa: E402
+from _scaling_join import JoinCosts, simulate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (file, variant, which protocol ran, whether the done set's changes were read in a batch, the run's steady
@@ -51,34 +58,56 @@ MEASURED = [
     ("scaling_window_2026-12-05.json", "after", None, True, 3.0, True),
     ("scaling_window_512_2026-12-05.json", "before", None, True, 3.0, True),
     ("scaling_window_512_2026-12-05.json", "after", None, True, 3.0, True),
+    ("scaling_hosts_named_2026-12-05.json", "new", None, True, 3.0, True),
 ]
 
 
-WINDOWED = {("scaling_window_2026-12-05.json", "after"), ("scaling_window_512_2026-12-05.json", "after")}
+WINDOWED = {("scaling_window_2026-12-05.json", "after"), ("scaling_window_512_2026-12-05.json", "after"),
+            ("scaling_hosts_named_2026-12-05.json", "new")}
 
 
 def _err(model_value: float, measured: float) -> float:
     return 100.0 * (model_value - measured) / measured if measured else float("nan")
 
 
-def host_calibration(run_path: Path, tcpstore: dict) -> dict:
-    """What one task spends of a core, from the smallest run in a scaling JSON (medians over its tasks), and the
-    store client's CPU per check call and key from the store calibration (when it measured it)."""
-    run = min(json.loads(run_path.read_text())["runs"], key=lambda r: r["tasks"])
-    out = {"source": f"{run_path.name}: N={run['tasks']}", "task_cpu": run["task_cpu_steady_pct"] / 100,
-           "post_meet_cpu": run["post_meet_cpu_ms"] / 1000}
-    fit = tcpstore.get("check_client_cpu_us_fit")
-    if fit:
-        out["client_check_cpu"] = (1e-6 * fit["per_call"], 1e-6 * fit["per_key"])
-    return out
+def host_calibration(run_path: Path, polls_path: Path) -> dict:
+    """What one task spends of a core, from the runs of the smallest size in a scaling JSON that uses the group watch
+    as the judged sizes do (a size where none waits for a core; medians over the runs of each one's median task),
+    and a waiting poll's CPU by how many processes poll at once (poll_calibration.py)."""
+    runs = [r for r in json.loads(run_path.read_text())["runs"] if model.uses_group_watch(r["tasks"])]
+    smallest = [r for r in runs if r["tasks"] == min(r["tasks"] for r in runs)]
+    polls = json.loads(polls_path.read_text())["rows"]
+
+    def med(field: str) -> float:
+        return statistics.median(r[field] for r in smallest)
+
+    return {"source": f"{run_path.name}: N={smallest[0]['tasks']} x {len(smallest)}; {polls_path.name}",
+            "task_cpu": med("task_cpu_steady_pct") / 100, "meet_cpu": med("meet_cpu_ms") / 1000,
+            "post_meet_cpu": med("post_meet_cpu_ms") / 1000,
+            "poll_cpu": [(r["tasks"], 1e-6 * r["poll_cpu_us_med"]) for r in polls]}
 
 
-def host_of(run: dict, calibration: dict, cores: float) -> model.Host:
-    """The measured runs' machine: every task on its `cores`, each spending what the calibration run (a size where
-    no task waits for a core) measured, and the store's client CPU per check call and key."""
-    fit = calibration.get("client_check_cpu", (0.0, 0.0))
-    return model.Host(cores=cores, tasks=run["tasks"], task_cpu=calibration["task_cpu"],
-                      post_meet_cpu=calibration["post_meet_cpu"], client_check_cpu=tuple(fit))
+def _poll_cpu_at(points: list, k: int) -> float:
+    """A poll's CPU with `k` processes polling: interpolated in log(k) between the calibrated counts, the nearest
+    count's figure outside them."""
+    points = sorted(points)
+    if k <= points[0][0]:
+        return points[0][1]
+    for (k0, c0), (k1, c1) in zip(points, points[1:]):
+        if k <= k1:
+            return c0 + (c1 - c0) * math.log(k / k0) / math.log(k1 / k0)
+    return points[-1][1]
+
+
+def join_costs(n: int, host: dict, costs: model.StoreCosts, processes: int) -> JoinCosts:
+    """The join's costs for `n` tasks with `processes` of them on each host (the poll's CPU as calibrated with as
+    many polling), the store's from its calibration: a poll asks a window of the missing keys and then one key."""
+    window = min(n, model.CHECK_WINDOW)
+    check = costs.cpu_call["check"], costs.cpu_key["check"]
+    return JoinCosts(meet_cpu=host["meet_cpu"], post_meet_cpu=host["post_meet_cpu"],
+                     poll_cpu=_poll_cpu_at(host["poll_cpu"], processes), task_cpu=host["task_cpu"],
+                     poll_store=1e-6 * (2 * check[0] + check[1] * (window + 1)),
+                     post_store=1e-6 * model.JOIN_ROUND_TRIPS * costs.cpu_call["add"])
 
 
 def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, cores: float = 2.0) -> list:
@@ -89,7 +118,10 @@ def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, core
         path = RESULTS / name
         if not path.exists():
             continue
-        for r in json.loads(path.read_text())["runs"]:
+        measured = json.loads(path.read_text())
+        # whether its joins carry the name resolver's timeouts (docs/cluster.md): unknown before it was probed
+        resolver_s = measured["meta"].get("resolver_lookup_max_s")
+        for r in measured["runs"]:
             n = r["tasks"]
             if r.get("variant") != variant or n < 16:
                 continue
@@ -106,15 +138,17 @@ def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, core
             d = model.detection(n, timeout, latency, g)
             poll_window = model.CHECK_WINDOW if (name, variant) in WINDOWED else None
             join_load = model.merged(load, model.join_poll_load(n, n // 2, poll_window))
-            join = model.join_after_last_start(n, model.store_latency(join_load, costs)[1],
-                                               host=host_of(r, host, cores) if host else None,
-                                               store_cpu=costs.cpu(join_load))
+            join = (simulate(n, join_costs(n, host, costs, n), cores, shared=True, store_steady=costs.cpu_loaded(load)[0])
+                    if host else model.join_after_last_start(n, model.store_latency(join_load, costs)[1]))
             row = {"run": f"{name}:{variant}", "tasks": n, "group_watch": g, "clean_window": clean,
+                   "resolver_lookup_max_s": resolver_s,
                    "calls_model": round(calls), "calls_measured": round(r["store_ops_s"]),
                    "calls_err_pct": round(_err(calls, r["store_ops_s"]), 1),
                    "cpu_pct_model": [round(100 * c, 2) for c in costs.cpu_range(load)],
                    "cpu_pct_measured": r["store_host_cpu_pct"],
                    "cpu_in_range": costs.cpu_range(load)[0] <= r["store_host_cpu_pct"] / 100 <= costs.cpu_range(load)[1],
+                   "cpu_pct_loaded_model": round(100 * costs.cpu_loaded(load)[0], 2),
+                   "cpu_loaded_err_pct": round(_err(100 * costs.cpu_loaded(load)[0], r["store_host_cpu_pct"]), 1),
                    "detect_med_model": round(d["med"], 2), "detect_med_measured": r["detect_med_s"],
                    "detect_med_err_pct": round(_err(d["med"], r["detect_med_s"]), 1),
                    "detect_max_model": round(d["max"], 2), "detect_max_measured": r["detect_max_s"],
@@ -129,36 +163,89 @@ def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, core
     return out
 
 
+# the runs the model is judged on: the current code, the name resolver answering (every join without its timeouts)
+JUDGED = "scaling_hosts_named_2026-12-05.json:new"
+COMPARED = (("calls", "store calls/s"), ("keys", "keys/s"), ("cpu", "store CPU %"), ("detect_med", "detect med s"),
+            ("join", "join after last start s"))
+
+
+def by_size(checked: list, run: str = JUDGED) -> list:
+    """The model against the median of a run's repeats at each size: {tasks, repeats, <what>_model,
+    <what>_measured, <what>_err_pct} for each of COMPARED."""
+    out = []
+    for n in sorted({c["tasks"] for c in checked if c["run"] == run}):
+        rows = [c for c in checked if c["run"] == run and c["tasks"] == n]
+        row = {"tasks": n, "repeats": len(rows)}
+        for what, _ in COMPARED:
+            model_key = "cpu_pct_loaded_model" if what == "cpu" else f"{what}_model"
+            measured_key = "cpu_pct_measured" if what == "cpu" else f"{what}_measured"
+            if model_key not in rows[0]:
+                continue
+            modelled, measured = rows[0][model_key], statistics.median(r[measured_key] for r in rows)
+            row.update({f"{what}_model": modelled, f"{what}_measured": measured,
+                        f"{what}_err_pct": round(_err(modelled, measured), 1)})
+        out.append(row)
+    return out
+
+
+def _seconds(value) -> str:
+    if value is None:
+        return "—"
+    return "over 120" if math.isinf(value) else f"{value:.2f}"
+
+
+def _cores(figure: tuple) -> str:
+    """A store CPU figure under load: one number within the calibrated rates, else its range."""
+    low, high = figure
+    return f"{low:.2f}" if abs(high - low) < 1e-9 else f"{low:.2f}–{high:.2f}"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calibration", default=str(RESULTS / "store_calibration_2026-12-05.json"))
+    ap.add_argument("--calibration", default=str(RESULTS / "store_calibration_load_2026-12-05.json"))
     ap.add_argument("--out", default=str(RESULTS / "scaling_sim_2026-12-05.json"))
     ap.add_argument("--ps-per", type=int, default=100, help="one ps task per this many tasks at 1,000 and 10,000")
-    ap.add_argument("--host", default=str(RESULTS / "scaling_host_calibration_2026-12-05.json"),
+    ap.add_argument("--host", default=str(RESULTS / "scaling_host_calibration_hosts_named_2026-12-05.json"),
                     help="a benchmarks/scaling.py run at a size where no task waits for a core: what a task spends")
+    ap.add_argument("--polls", default=str(RESULTS / "poll_calibration_2026-12-05.json"),
+                    help="benchmarks/poll_calibration.py's JSON: a waiting poll's CPU by how many poll at once")
     ap.add_argument("--cores", type=float, default=2.0, help="the cores the measured runs' tasks shared")
     args = ap.parse_args(argv)
     cal = json.loads(Path(args.calibration).read_text())
     stores = {"tcpstore": model.StoreCosts.from_calibration(cal["tcpstore"])}
     if "etcd" in cal:
         stores["etcd"] = model.StoreCosts.from_calibration(cal["etcd"])
-    host = host_calibration(Path(args.host), cal["tcpstore"]) if Path(args.host).exists() else None
+    host = host_calibration(Path(args.host), Path(args.polls)) if Path(args.host).exists() else None
     checked = check(stores["tcpstore"], host=host, cores=args.cores)
-    print("| run | N | watch | calls/s model / measured (err %) | keys/s model / measured | store CPU % model (back to "
-          "back – each call waking) / measured | detect med s model / measured | join after last start s model / measured |")
+    print("| run | N | watch | calls/s model / measured (err %) | keys/s model / measured | store CPU % model under load / "
+          "measured (bounds: back to back – each call waking) | detect med s model / measured | join after last start s "
+          "model / measured |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in checked:
         keys = f"{c['keys_model']:,} / {c['keys_measured']:,} ({c['keys_err_pct']:+.0f}%)" if "keys_model" in c else "—"
         print(f"| {c['run']} | {c['tasks']} | {'group' if c['group_watch'] else 'direct'} | {c['calls_model']:,} / "
-              f"{c['calls_measured']:,} ({c['calls_err_pct']:+.0f}%) | {keys} | {c['cpu_pct_model'][0]}–"
-              f"{c['cpu_pct_model'][1]} / {c['cpu_pct_measured']} | {c['detect_med_model']} / {c['detect_med_measured']} "
+              f"{c['calls_measured']:,} ({c['calls_err_pct']:+.0f}%) | {keys} | {c['cpu_pct_loaded_model']} / "
+              f"{c['cpu_pct_measured']} ({c['cpu_loaded_err_pct']:+.0f}%; {c['cpu_pct_model'][0]}–{c['cpu_pct_model'][1]}) | "
+              f"{c['detect_med_model']} / {c['detect_med_measured']} "
               f"({c['detect_med_err_pct']:+.0f}%) | {c['join_model']} / {c['join_measured']} ({c['join_err_pct']:+.0f}%) |")
+    judged = by_size(checked)
+    print(f"\nThe model against the median of each size's runs ({JUDGED}):\n")
+    print("| N | runs | " + " | ".join(f"{label} model / measured (err)" for _, label in COMPARED) + " |")
+    print("| --- | --- |" + " --- |" * len(COMPARED))
+    for row in judged:
+        cells = [f"{row[f'{w}_model']:,} / {row[f'{w}_measured']:,} ({row[f'{w}_err_pct']:+.0f}%)" if f"{w}_model" in row
+                 else "—" for w, _ in COMPARED]
+        print(f"| {row['tasks']} | {row['repeats']} | " + " | ".join(cells) + " |")
     predictions = {}
     for store, costs in stores.items():
         predictions[store] = {"rows": [], "saturates_at": {}}
         for n in (1000, 10000):
             for group in (False, True):
                 p = model.predict(n, max(1, n // args.ps_per), costs, group=group)
+                if host:  # a host per task: each its own core, the store a host of its own; the polls as with few
+                    smallest = min(k for k, _ in host["poll_cpu"])
+                    p["join_sim_s"] = simulate(n, join_costs(n, host, costs, smallest), cores=n, shared=False,
+                                               store_steady=min(1.0, p["store_util"]), limit=120.0)
                 predictions[store]["rows"].append(p)
         for group in (False, True):
             predictions[store]["saturates_at"]["group" if group else "direct"] = model.break_point(costs, group, args.ps_per)
@@ -169,11 +256,12 @@ def main(argv=None) -> None:
         for p in pred["rows"]:
             d = p["detect"]
             print(f"| {store} | {p['tasks']:,} | {'group' if p['group_watch'] else 'direct'} | {p['store_calls_s']:,.0f} | "
-                  f"{p['store_keys_s']:,.0f} | {p['store_cpu_s'][0]:.2f}–{p['store_cpu_s'][1]:.2f} | {1e3 * p['call_latency_s']:.2f} | "
-                  f"{d['med']:.2f} / {d['max']:.2f} | {p['join_after_last_start_s']:.2f} ({p['join_peak_util']:.2f}) |")
+                  f"{p['store_keys_s']:,.0f} | {_cores(p['store_cpu_loaded_s'])} (bounds {p['store_cpu_s'][0]:.2f}–"
+                  f"{p['store_cpu_s'][1]:.2f}) | {1e3 * p['call_latency_s']:.2f} | "
+                  f"{d['med']:.2f} / {d['max']:.2f} | {_seconds(p.get('join_sim_s'))} ({p['join_peak_util']:.2f}) |")
         print(f"| {store} saturates (one core) at | direct N ≈ {pred['saturates_at']['direct']:,}, group watch N ≈ "
               f"{pred['saturates_at']['group']:,} | | | | | | | |")
-    Path(args.out).write_text(json.dumps({"calibration": args.calibration, "checked": checked,
+    Path(args.out).write_text(json.dumps({"calibration": args.calibration, "host": host, "checked": checked, "judged": judged,
                                           "predictions": predictions}, indent=1, default=str))
     print(f"results: {args.out}")
 

@@ -1,6 +1,6 @@
 """What one call and one key cost the rendezvous store: the figures benchmarks/scaling_sim.py's model runs on.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/store_calibration.py [--etcd] [--out FILE]
+    PYTHONPATH=src .venv/bin/python benchmarks/store_calibration.py [--etcd] [--load] [--seconds S] [--out FILE]
 
 The embedded store: a torch TCPStore served (as `towerflow launch` serves it, `c10d.host_store`) by a process of
 its own, called over loopback by one client in this process, so the server's CPU (read from its process) is the
@@ -10,6 +10,11 @@ multi_get of 1 to 1,024 keys) it measures the client's wall time per call and th
 the batched methods' server CPU as `per call + per key * keys`. One client calls at a time: the server's CPU per
 call is then an upper bound of what it spends under load (wake-ups are not shared), and 1 / (CPU per call) its
 capacity on one core.
+
+`--load`: the embedded store's CPU per call when N tasks call it as they do in the steady state (each task on a
+connection of its own, each of its periodic calls on its own phase, its peer check's three calls one after the
+other: TASK_CALLS), for N from 64 to 2,048: how many calls share a wake-up of the store's loop depends on their
+rate and grouping, which the single-client figures bound but do not place.
 """
 
 from __future__ import annotations
@@ -106,7 +111,86 @@ def calibrate(store, server: psutil.Process, seconds: float, prefix: str = "beat
     return out
 
 
-def tcpstore(seconds: float) -> dict:
+# what a worker of the group watch asks of the store, read off the code (benchmarks/scaling.py's counts by caller
+# agree): (period s, calls one after the other). Its beat (an add, every BEAT_EVERY); its tick (one multi_get of
+# lost/version and its watcher's beat and incarnation, every WATCH_EVERY); its peer check (done_version, the
+# failure count, lost/version: three adds in a row, every CHECK_EVERY). Six calls per task per second.
+TASK_CALLS = ((1.0, ("add",)), (0.5, ("multi_get",)), (1.0, ("add", "add", "add")))
+CALLS_PER_TASK = sum(len(calls) / period for period, calls in TASK_CALLS)
+
+
+def _tasks_calling(port: int, tasks: int, seed: int, ready, stop, counter) -> None:
+    """One load process: `tasks` store clients, each calling as a task does (TASK_CALLS, each on its own phase)
+    once all are connected (`ready`), until `stop`; the calls made are counted in `counter`."""
+    import heapq
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from towerflow.cluster.store import c10d
+
+    rng = random.Random(seed)
+    with ThreadPoolExecutor(16) as pool:  # a connect may wait on the name resolver (docs/cluster.md)
+        clients = list(pool.map(lambda _: c10d.connect_store("127.0.0.1", port, 120), range(tasks)))
+    keys = [f"beat/worker/{i}" for i in range(3)]
+    for k in keys:
+        clients[0].add(k, 1)
+    ready.wait()
+    now = time.monotonic()
+    due = [(now + rng.uniform(0, period), t, i) for t in range(tasks) for i, (period, _) in enumerate(TASK_CALLS)]
+    heapq.heapify(due)
+    made = 0
+    while not stop.is_set():
+        when, t, i = heapq.heappop(due)
+        pause = when - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        period, calls = TASK_CALLS[i]
+        for method in calls:
+            if method == "add":
+                clients[t].add(keys[0], 0)
+            else:
+                clients[t].multi_get(keys)
+        made += len(calls)
+        if made >= 100:
+            with counter.get_lock():
+                counter.value += made
+            made = 0
+        heapq.heappush(due, (when + period, t, i))
+
+
+def under_load(port: int, server: psutil.Process, tasks: int, seconds: float, procs: int = 8) -> Dict[str, float]:
+    """The store's CPU per call with `tasks` clients (spread over `procs` processes) calling as a cluster's tasks
+    do, over `seconds` once every client is connected and calling."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    per = [c for c in (tasks // procs + (1 if i < tasks % procs else 0) for i in range(procs)) if c]
+    ready, stop, counter = ctx.Barrier(len(per) + 1), ctx.Event(), ctx.Value("q", 0)
+    workers = [ctx.Process(target=_tasks_calling, args=(port, c, i, ready, stop, counter)) for i, c in enumerate(per)]
+    for w in workers:
+        w.start()
+    try:
+        ready.wait(300)
+        time.sleep(1.5)  # every phase under way
+        c0, t0, busy0, n0 = _cpu(server), time.perf_counter(), psutil.cpu_times(), counter.value
+        time.sleep(seconds)
+        cpu, wall, busy1, calls = _cpu(server) - c0, time.perf_counter() - t0, psutil.cpu_times(), counter.value - n0
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+            if w.is_alive():
+                w.kill()
+    idle = (busy1.idle - busy0.idle) / (wall * (os.cpu_count() or 1))
+    return {"tasks": tasks, "calls_s": calls / wall, "server_cpu_pct": 100 * cpu / wall,
+            "server_cpu_us_per_call": 1e6 * cpu / max(1, calls), "machine_busy_pct": 100 * (1 - idle)}
+
+
+# clusters of these many tasks in the steady state: the measured scaling runs' sizes, and two beyond them
+LOAD_TASKS = (64, 128, 256, 512, 1024, 2048)
+
+
+def tcpstore(seconds: float, load: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     host = subprocess.Popen([sys.executable, "-c", _HOST], env=env, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -115,7 +199,17 @@ def tcpstore(seconds: float) -> dict:
         from towerflow.cluster.store import c10d
 
         client = c10d.connect_store("127.0.0.1", port, 60)
-        return calibrate(client, psutil.Process(host.pid), seconds)
+        server = psutil.Process(host.pid)
+        out = calibrate(client, server, seconds)
+        if load:
+            out["under_load"] = []
+            for tasks in LOAD_TASKS:
+                row = under_load(port, server, tasks, 4 * seconds)
+                out["under_load"].append(row)
+                print(f"  {tasks} tasks, {row['calls_s']:,.0f} calls/s: server {row['server_cpu_pct']:.2f}% "
+                      f"({row['server_cpu_us_per_call']:.1f} µs a call), machine busy {row['machine_busy_pct']:.0f}%",
+                      flush=True)
+        return out
     finally:
         os.killpg(host.pid, signal.SIGKILL)
         host.wait(10)
@@ -158,12 +252,13 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="per method")
     ap.add_argument("--etcd", action="store_true", help="calibrate /usr/bin/etcd too")
+    ap.add_argument("--load", action="store_true", help="the embedded store's CPU per call under a cluster's calls")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"store_calibration_{time.strftime('%Y-%m-%d')}.json"))
     args = ap.parse_args(argv)
     out = {"meta": {"machine": f"{os.cpu_count()} cores, {psutil.cpu_freq().max if psutil.cpu_freq() else '?'} MHz",
                     "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "load_before": os.getloadavg(), "python": sys.version.split()[0]}}
-    out["tcpstore"] = tcpstore(args.seconds)
+    out["tcpstore"] = tcpstore(args.seconds, args.load)
     print(summary("TCPStore", out["tcpstore"]), flush=True)
     if args.etcd:
         if shutil.which("etcd") is None:

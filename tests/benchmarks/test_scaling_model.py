@@ -1,5 +1,6 @@
 """benchmarks/_scaling_model.py: the protocol's model reproduces what the code and the runs show (store work of
-the direct check growing as N², of the group watch as N; a loss noticed within the timeout plus a check)."""
+the direct check growing as N², of the group watch as N; a loss noticed within the timeout plus a check; the
+store's CPU at a load's rate; the join, simulated, on a host per task and on shared cores)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import _scaling_model as model  # noqa: E402
+from _scaling_join import JoinCosts, simulate  # noqa: E402
 
 COSTS = model.StoreCosts({"get": 27.0, "add": 11.0, "set": 11.0, "check": 11.0, "multi_get": 15.0},
                          {"check": 0.2, "multi_get": 0.5}, round_trip=35.0)
@@ -61,10 +63,35 @@ def test_the_store_cpu_lies_between_calls_back_to_back_and_every_call_waking_the
     assert low == costs.cpu(load) and abs(high - low - 40e-6 * model.total(load)[0]) < 1e-9
 
 
-def test_the_join_on_a_shared_host_is_its_cpu_and_on_a_host_per_task_the_protocol():
-    host = model.Host(cores=2.0, tasks=512, task_cpu=0.0006, post_meet_cpu=0.008)
-    alone = model.join_after_last_start(512, 0.001)
-    shared = model.join_after_last_start(512, 0.001, host=host)
-    assert alone < 0.5 and shared > alone + 512 * 0.008 / 2.0  # 4 s of CPU on two cores, less what the rest takes
-    crowded = model.Host(cores=2.0, tasks=4096, task_cpu=0.0006, post_meet_cpu=0.008)
-    assert model.join_after_last_start(4096, 0.001, host=crowded) == float("inf")  # the steady work alone fills it
+def test_the_store_cpu_under_load_follows_the_calibrated_cost_per_call_at_the_loads_rate():
+    """At a calibrated rate a load of the calibration's own mix costs that rate's figure per call; between two rates
+    the figure lies between theirs; past the fastest, the back-to-back cost and a bound."""
+    costs = model.StoreCosts(COSTS.cpu_call, COSTS.cpu_key, COSTS.round_trip, wake=40.0,
+                             under_load=((400.0, 40.0), (3200.0, 20.0)))
+    mix_at = lambda rate: model.scaled(model.CALIBRATION_MIX, rate / model.total(model.CALIBRATION_MIX)[0])  # noqa: E731
+    figure, bound = costs.cpu_loaded(mix_at(400.0))
+    assert abs(figure - 400.0 * 40e-6) < 1e-9 and figure == bound
+    between = costs.cpu_loaded(mix_at(1600.0))[0] / 1600.0
+    assert 20e-6 < between < 40e-6
+    low, high = costs.cpu_loaded(mix_at(10_000.0))
+    assert low == costs.cpu(mix_at(10_000.0)) and abs(high - 10_000.0 * 20e-6) < 1e-9
+
+
+def _join_costs(post_meet_cpu: float = 0.008) -> "JoinCosts":
+    return JoinCosts(meet_cpu=0.007, post_meet_cpu=post_meet_cpu, poll_cpu=150e-6, task_cpu=0.001, poll_store=20e-6,
+                     post_store=100e-6)
+
+
+def test_the_join_on_a_host_per_task_is_the_last_tasks_work_and_two_polls():
+    alone = simulate(512, _join_costs(), cores=512, shared=False, store_steady=0.05)
+    assert 0.007 + 0.008 < alone <= 0.007 + 0.008 + 2 * 0.1 + 0.02
+
+
+def test_the_join_on_shared_cores_is_its_cpu_and_grows_with_each_tasks_work():
+    shared = simulate(512, _join_costs(), cores=2.0, shared=True, store_steady=0.05)
+    assert shared > 512 * 0.008 / 2.0  # 4 s of CPU on two cores, and the polls besides
+    assert simulate(512, _join_costs(0.016), cores=2.0, shared=True, store_steady=0.05) > 1.8 * shared
+
+
+def test_a_store_already_saturated_never_answers_the_join():
+    assert simulate(64, _join_costs(), cores=64, shared=False, store_steady=1.0) == float("inf")
