@@ -2,7 +2,7 @@
 against the measured scaling runs, then run at 1,000 and 10,000 tasks on the embedded store (TCPStore) and on etcd.
 docs/scaling.md reads it.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/scaling_sim.py [--calibration STORE.json] [--host RUN.json] \
+    PYTHONPATH=src .venv/bin/python benchmarks/scaling_sim.py [--calibration STORE.json] [--calibration-shared BUSY.json] \
         [--polls POLLS.json] [--out FILE]
 
 Its inputs are calibrations, none of them the runs it is checked on: the store's costs (store_calibration.py
@@ -110,7 +110,8 @@ def join_costs(n: int, host: dict, costs: model.StoreCosts, processes: int) -> J
                      post_store=1e-6 * model.JOIN_ROUND_TRIPS * costs.cpu_call["add"])
 
 
-def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, cores: float = 2.0) -> list:
+def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, cores: float = 2.0,
+          shared: model.StoreCosts = None) -> list:
     """Model against every measured run of 16 tasks or more (`host`: the shared machine's calibration, for the
     join; without it the protocol alone)."""
     out = []
@@ -138,7 +139,8 @@ def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, core
             d = model.detection(n, timeout, latency, g)
             poll_window = model.CHECK_WINDOW if (name, variant) in WINDOWED else None
             join_load = model.merged(load, model.join_poll_load(n, n // 2, poll_window))
-            join = (simulate(n, join_costs(n, host, costs, n), cores, shared=True, store_steady=costs.cpu_loaded(load)[0])
+            cpu = (shared or costs).cpu_loaded(load)[0]  # the store on the tasks' machine, as busy as they make it
+            join = (simulate(n, join_costs(n, host, costs, n), cores, shared=True, store_steady=cpu)
                     if host else model.join_after_last_start(n, model.store_latency(join_load, costs)[1]))
             row = {"run": f"{name}:{variant}", "tasks": n, "group_watch": g, "clean_window": clean,
                    "resolver_lookup_max_s": resolver_s,
@@ -147,8 +149,8 @@ def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, core
                    "cpu_pct_model": [round(100 * c, 2) for c in costs.cpu_range(load)],
                    "cpu_pct_measured": r["store_host_cpu_pct"],
                    "cpu_in_range": costs.cpu_range(load)[0] <= r["store_host_cpu_pct"] / 100 <= costs.cpu_range(load)[1],
-                   "cpu_pct_loaded_model": round(100 * costs.cpu_loaded(load)[0], 2),
-                   "cpu_loaded_err_pct": round(_err(100 * costs.cpu_loaded(load)[0], r["store_host_cpu_pct"]), 1),
+                   "cpu_pct_loaded_model": round(100 * cpu, 2),
+                   "cpu_loaded_err_pct": round(_err(100 * cpu, r["store_host_cpu_pct"]), 1),
                    "detect_med_model": round(d["med"], 2), "detect_med_measured": r["detect_med_s"],
                    "detect_med_err_pct": round(_err(d["med"], r["detect_med_s"]), 1),
                    "detect_max_model": round(d["max"], 2), "detect_max_measured": r["detect_max_s"],
@@ -202,7 +204,11 @@ def _cores(figure: tuple) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calibration", default=str(RESULTS / "store_calibration_load_2026-12-05.json"))
+    ap.add_argument("--calibration", default=str(RESULTS / "store_calibration_load_2026-12-05.json"),
+                    help="store_calibration.py --load on a quiet machine: the store on a host of its own")
+    ap.add_argument("--calibration-shared", default=str(RESULTS / "store_calibration_load_busy_2026-12-05.json"),
+                    help="store_calibration.py --load --task-cpu-pct P: the store sharing its machine with the tasks, "
+                         "as in the measured runs (P: the host calibration's task_cpu_steady_pct)")
     ap.add_argument("--out", default=str(RESULTS / "scaling_sim_2026-12-05.json"))
     ap.add_argument("--ps-per", type=int, default=100, help="one ps task per this many tasks at 1,000 and 10,000")
     ap.add_argument("--host", default=str(RESULTS / "scaling_host_calibration_hosts_named_2026-12-05.json"),
@@ -216,7 +222,9 @@ def main(argv=None) -> None:
     if "etcd" in cal:
         stores["etcd"] = model.StoreCosts.from_calibration(cal["etcd"])
     host = host_calibration(Path(args.host), Path(args.polls)) if Path(args.host).exists() else None
-    checked = check(stores["tcpstore"], host=host, cores=args.cores)
+    shared = (model.StoreCosts.from_calibration(json.loads(Path(args.calibration_shared).read_text())["tcpstore"])
+              if Path(args.calibration_shared).exists() else None)
+    checked = check(stores["tcpstore"], host=host, cores=args.cores, shared=shared)
     print("| run | N | watch | calls/s model / measured (err %) | keys/s model / measured | store CPU % model under load / "
           "measured (bounds: back to back – each call waking) | detect med s model / measured | join after last start s "
           "model / measured |")

@@ -119,9 +119,11 @@ TASK_CALLS = ((1.0, ("add",)), (0.5, ("multi_get",)), (1.0, ("add", "add", "add"
 CALLS_PER_TASK = sum(len(calls) / period for period, calls in TASK_CALLS)
 
 
-def _tasks_calling(port: int, tasks: int, seed: int, ready, stop, counter) -> None:
+def _tasks_calling(port: int, tasks: int, seed: int, ready, stop, counter, task_cpu: float = 0.0) -> None:
     """One load process: `tasks` store clients, each calling as a task does (TASK_CALLS, each on its own phase)
-    once all are connected (`ready`), until `stop`; the calls made are counted in `counter`."""
+    once all are connected (`ready`), until `stop`; the calls made are counted in `counter`. `task_cpu`: what else
+    a task spends of a core (s per s), spent in its periodic wake-ups as a task's threads spend it, so that the
+    machine is as busy as under a cluster's tasks."""
     import heapq
     import random
     from concurrent.futures import ThreadPoolExecutor
@@ -151,6 +153,10 @@ def _tasks_calling(port: int, tasks: int, seed: int, ready, stop, counter) -> No
             else:
                 clients[t].multi_get(keys)
         made += len(calls)
+        if task_cpu:
+            spin_until = time.thread_time() + task_cpu * period / len(TASK_CALLS)
+            while time.thread_time() < spin_until:
+                pass
         if made >= 100:
             with counter.get_lock():
                 counter.value += made
@@ -158,7 +164,8 @@ def _tasks_calling(port: int, tasks: int, seed: int, ready, stop, counter) -> No
         heapq.heappush(due, (when + period, t, i))
 
 
-def under_load(port: int, server: psutil.Process, tasks: int, seconds: float, procs: int = 8) -> Dict[str, float]:
+def under_load(port: int, server: psutil.Process, tasks: int, seconds: float, procs: int = 8,
+               task_cpu: float = 0.0) -> Dict[str, float]:
     """The store's CPU per call with `tasks` clients (spread over `procs` processes) calling as a cluster's tasks
     do, over `seconds` once every client is connected and calling."""
     import multiprocessing as mp
@@ -166,7 +173,7 @@ def under_load(port: int, server: psutil.Process, tasks: int, seconds: float, pr
     ctx = mp.get_context("fork")
     per = [c for c in (tasks // procs + (1 if i < tasks % procs else 0) for i in range(procs)) if c]
     ready, stop, counter = ctx.Barrier(len(per) + 1), ctx.Event(), ctx.Value("q", 0)
-    workers = [ctx.Process(target=_tasks_calling, args=(port, c, i, ready, stop, counter)) for i, c in enumerate(per)]
+    workers = [ctx.Process(target=_tasks_calling, args=(port, c, i, ready, stop, counter, task_cpu)) for i, c in enumerate(per)]
     for w in workers:
         w.start()
     try:
@@ -183,14 +190,15 @@ def under_load(port: int, server: psutil.Process, tasks: int, seconds: float, pr
                 w.kill()
     idle = (busy1.idle - busy0.idle) / (wall * (os.cpu_count() or 1))
     return {"tasks": tasks, "calls_s": calls / wall, "server_cpu_pct": 100 * cpu / wall,
-            "server_cpu_us_per_call": 1e6 * cpu / max(1, calls), "machine_busy_pct": 100 * (1 - idle)}
+            "server_cpu_us_per_call": 1e6 * cpu / max(1, calls), "machine_busy_pct": 100 * (1 - idle),
+            "task_cpu_pct": 100 * task_cpu}
 
 
 # clusters of these many tasks in the steady state: the measured scaling runs' sizes, and two beyond them
 LOAD_TASKS = (64, 128, 256, 512, 1024, 2048)
 
 
-def tcpstore(seconds: float, load: bool = False) -> dict:
+def tcpstore(seconds: float, load: bool = False, task_cpu: float = 0.0) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     host = subprocess.Popen([sys.executable, "-c", _HOST], env=env, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -204,7 +212,7 @@ def tcpstore(seconds: float, load: bool = False) -> dict:
         if load:
             out["under_load"] = []
             for tasks in LOAD_TASKS:
-                row = under_load(port, server, tasks, 4 * seconds)
+                row = under_load(port, server, tasks, 4 * seconds, task_cpu=task_cpu)
                 out["under_load"].append(row)
                 print(f"  {tasks} tasks, {row['calls_s']:,.0f} calls/s: server {row['server_cpu_pct']:.2f}% "
                       f"({row['server_cpu_us_per_call']:.1f} µs a call), machine busy {row['machine_busy_pct']:.0f}%",
@@ -253,12 +261,14 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="per method")
     ap.add_argument("--etcd", action="store_true", help="calibrate /usr/bin/etcd too")
     ap.add_argument("--load", action="store_true", help="the embedded store's CPU per call under a cluster's calls")
+    ap.add_argument("--task-cpu-pct", type=float, default=0.0,
+                    help="with --load: what else each task spends of a core, %% (a scaling.py run's task_cpu_steady_pct)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"store_calibration_{time.strftime('%Y-%m-%d')}.json"))
     args = ap.parse_args(argv)
     out = {"meta": {"machine": f"{os.cpu_count()} cores, {psutil.cpu_freq().max if psutil.cpu_freq() else '?'} MHz",
                     "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "load_before": os.getloadavg(), "python": sys.version.split()[0]}}
-    out["tcpstore"] = tcpstore(args.seconds, args.load)
+    out["tcpstore"] = tcpstore(args.seconds, args.load, args.task_cpu_pct / 100)
     print(summary("TCPStore", out["tcpstore"]), flush=True)
     if args.etcd:
         if shutil.which("etcd") is None:
