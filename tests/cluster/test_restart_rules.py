@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -154,3 +155,63 @@ def test_a_silent_lost_incarnation_is_waited_for_and_one_restart_beat_is_not_lif
     with pytest.raises(ClusterError, match="will not be restarted"):
         s0.wait_for_restart("worker", 0, "worker:0", "closed", timeout=10, alive_ok=True)
     assert time.monotonic() - start < 1
+
+
+def _waiting_for_ps0_stood_in_by_ps1(monkeypatch) -> Server:
+    """A worker whose wait for a restart of ps:0 (which may be restarted) gives up after 0.3 s, while ps:1 serves
+    ps:0's part (a promoted backup stands in for it)."""
+    monkeypatch.setenv("TOWERFLOW_RESTART_COUNT", "0")
+    monkeypatch.setenv("TOWERFLOW_MAX_RESTARTS", "1")
+    s = Server({"ps": ["localhost:1", "localhost:2"], "worker": ["localhost:3"]}, "worker", 0, start=False)
+    s.rendezvous.store, s.rendezvous.nonce = FakeStore(), "n"
+    s.membership.heartbeat_timeout, s.membership.join_timeout = 0.2, 0.1
+    s.membership.stand_in("ps", 0, "ps:1")
+    return s
+
+
+def test_a_lost_task_is_waited_for_past_the_timeout_while_the_task_standing_in_for_it_lives(monkeypatch):
+    s = _waiting_for_ps0_stood_in_by_ps1(monkeypatch)
+    store = s.rendezvous.store
+    _beating(store, "beat/ps/1", times=40)
+
+    def restart():
+        time.sleep(1.0)
+        store.set("incarnation/ps/0", "1")
+
+    import threading
+    threading.Thread(target=restart, daemon=True).start()
+    start = time.monotonic()
+    assert s.wait_for_restart("ps", 0, "ps:0", "killed") == "ps:0:r1"
+    assert time.monotonic() - start >= 1.0  # three times the timeout
+
+
+@pytest.mark.timeout(10)  # the hang it guards against fails instead
+@pytest.mark.parametrize("stand_in_gone, why", [
+    ("silent", r"no heartbeat for \d"),
+    ("restarted", "it was restarted as ps:1:r1"),
+    ("failed", "failed: RuntimeError: out of memory"),
+])
+def test_a_lost_task_whose_stand_in_is_gone_too_ends_the_wait_naming_both(monkeypatch, stand_in_gone, why):
+    """Nobody does the lost task's work any more: waiting on for it would hang every caller."""
+    from towerflow.cluster.membership.failures import FailureRecord
+    from towerflow.errors import ClusterTimeoutError
+
+    s = _waiting_for_ps0_stood_in_by_ps1(monkeypatch)
+    store = s.rendezvous.store
+    if stand_in_gone != "silent":  # a new incarnation, or one that fails as it goes on beating for a while
+        _beating(store, "beat/ps/1", times=40)
+    if stand_in_gone == "restarted":
+        store.set("incarnation/ps/1", "1")
+    if stand_in_gone == "failed":
+        store.set("failed/ps/1", FailureRecord(task="/job:ps/task:1", error="RuntimeError: out of memory", pid=1,
+                                                 host="h", time=0.0, job="ps", index=1).to_json())
+    start = time.monotonic()
+    with pytest.raises(ClusterTimeoutError) as raised:
+        s.wait_for_restart("ps", 0, "ps:0", "killed")
+    assert time.monotonic() - start < 1.5
+    message = str(raised.value)
+    assert message.startswith("/job:worker/task:0 lost /job:ps/task:0 (killed)")
+    assert "/job:ps/task:1, which stood in for it as ps:1, is gone too" in message
+    assert re.search(why, message)
+    assert "newest checkpoint" in message and "--max-restarts" in message
+    assert raised.value.missing == ("/job:ps/task:0", "/job:ps/task:1")

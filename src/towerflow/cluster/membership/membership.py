@@ -21,7 +21,7 @@ from towerflow import taskenv as _taskenv
 from towerflow.cluster.membership import failures as _failures
 from towerflow.cluster.membership import watch as _watch
 from towerflow.cluster.calls import endpoint as _calls
-from towerflow.cluster.calls.names import call_name
+from towerflow.cluster.calls.names import call_name, task_of
 from towerflow.cluster.membership.rendezvous import BEAT_EVERY, POLL, Rendezvous, task_name
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLost
@@ -105,12 +105,17 @@ class Membership:
         stall), and the caller connects again.
         Raises PeerLost at once when the launcher will not restart it (no restarts left: a job that
         allows none ends on a lost connection as on a lost task), and ClusterTimeoutError when it is not
-        back within `timeout` (default: heartbeat + join timeouts, and no limit while another task stands in for it).
+        back within `timeout` (default: heartbeat + join timeouts, and no limit while another task that lives stands in
+        for it: `_stand_in_gone`).
         """
         name = task_name(job, index)
         limit = self.heartbeat_timeout + self.join_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        started = time.monotonic()
+        deadline = started + limit
         beats = beats_before if beats_before is not None else self.beat_count(job, index) if alive_ok else 0
+        stand_in_beats: Dict[str, Tuple[int, float]] = {}
+        if timeout is None and self._store is not None:  # its stand-in's beats from now on tell whether it lives
+            self._stand_in_gone(job, index, stand_in_beats)
         while True:
             if self._store is None:  # a thread of this task still waits as it leaves (a ps's watch for its backup)
                 raise ClusterLeftError(f"{self.name} has left the cluster: it waits for {name} no more")
@@ -131,8 +136,19 @@ class Membership:
                     task=name,
                 )
             now = time.monotonic()
-            if now > deadline and timeout is None and (job, index) in self.stood_in():
-                deadline = now + limit  # its work goes on elsewhere: waited for as long as it takes, never given up
+            if now > deadline and timeout is None:
+                stand_in, gone = self._stand_in_gone(job, index, stand_in_beats)
+                if stand_in is not None and gone is None:
+                    deadline = now + limit  # its work goes on elsewhere: waited for as long as that task lives
+                elif stand_in is not None:
+                    raise ClusterTimeoutError(
+                        f"{self.name} lost {name} ({cause}) and waited {now - started:.1f} s for it to come back, but "
+                        f"{task_name(*task_of(stand_in))}, which stood in for it as {stand_in}, is gone too ({gone}): no "
+                        f"task does {name}'s work now. Is the launcher of its host still running? Else restart the job from "
+                        "its newest checkpoint, with a higher --max-restarts if the restarts ran out.",
+                        task=self.name,
+                        missing=[name, task_name(*task_of(stand_in))],
+                    )
             if now > deadline:
                 raise ClusterTimeoutError(
                     f"{self.name} lost {name} ({cause}) and it was not back within {limit:g} s "
@@ -141,6 +157,30 @@ class Membership:
                     missing=[name],
                 )
             time.sleep(POLL)
+
+    def _stand_in_gone(self, job: str, index: int, beats: Dict[str, Tuple[int, float]]) -> Tuple[Optional[str], Optional[str]]:
+        """The call name of the task that stands in for task (job, index) (None: none does), and why it is gone too
+        (None while it lives): restarted since (a new incarnation serves nothing of the lost task's), failed, or silent
+        since the last look (`beats`: each stand-in's beat count and when it was read; a dead process beats at most
+        once more, so a later look tells). A few store calls, made once per wait timeout."""
+        if (job, index) not in self.stood_in():
+            return None, None
+        stand_in = self.stood_in_by(job, index)
+        if stand_in is None:
+            return None, None
+        its_job, its_index = task_of(stand_in)
+        current = self.call_name_of(its_job, its_index)
+        if current != stand_in:
+            return stand_in, f"it was restarted as {current}"
+        failed = _failures.failure_of(self._store, its_job, its_index)
+        if failed is not None:
+            return stand_in, failed.summary
+        count, now = self.beat_count(its_job, its_index), time.monotonic()
+        last = beats.get(stand_in)
+        if last is not None and last[0] == count:
+            return stand_in, f"no heartbeat for {now - last[1]:.1f} s"
+        beats[stand_in] = (count, now)
+        return stand_in, None
 
     def will_be_restarted(self, job: str, index: int) -> bool:
         """Whether the launcher may still restart task (job, index): its current incarnation has restarts left."""
