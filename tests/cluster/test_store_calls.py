@@ -127,15 +127,13 @@ def test_a_change_counted_and_not_yet_recorded_costs_a_reader_a_few_calls_and_is
 
 
 def test_a_change_whose_writer_died_before_recording_it_is_read_from_the_keys(monkeypatch):
-    from towerflow.cluster.membership import membership
-
     s = _cluster(8, monkeypatch)
     m, rv = s.membership, s.rendezvous
     assert m.done_tasks() == frozenset()
     rv.store.set("done/worker/3", "1")
     rv.store.add(ending.DONE_VERSION, 1)  # and its task killed there: the record never comes
     assert m.done_tasks() == frozenset()  # for now: it is recorded next, as a rule
-    monkeypatch.setattr(membership, "UNRECORDED_PATIENCE", 0.0)
+    monkeypatch.setattr(ending, "UNRECORDED_PATIENCE", 0.0)
     assert m.done_tasks() == {("worker", 3)}
     ending.count_change(rv.store, "done/worker/4", True)  # the changes after it are read in a batch again
     rv.store.set("done/worker/4", "1")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Collection, List, Sequence, Tuple
+from typing import Collection, List, Optional, Sequence, Tuple
 
 from towerflow import _log
 from towerflow.cluster.membership import failures as _failures
@@ -41,6 +41,7 @@ ENDED = "ended"
 _MARKS = "cluster/rejoin_marks"  # a counter: each rejoin's mark is unique, so no two compare-and-sets pass as one
 DONE_VERSION = "cluster/done_version"  # bumped after every change to a done or stand-in key (see done_version)
 CHANGE = "cluster/done_change/"  # + n: which key the n-th change set or deleted (see count_change)
+UNRECORDED_PATIENCE = 2.0  # s a counted change may stay unrecorded before a reader reads every task's keys
 
 
 def done_version(store: Store) -> int:
@@ -78,6 +79,51 @@ def changes(store: Store, after: int, upto: int) -> List[Tuple[str, bool]]:
         key, is_set = json.loads(found[n])
         recorded.append((key, bool(is_set)))
     return recorded
+
+
+class MarkedTasks:
+    """The tasks done, and those another task stands in for, as one task reads them from the change log.
+
+    One store call while no done or stand-in key has changed since the last read (done_version counts changes to
+    both), else three (the changes since, in one batch). A change counted and not recorded yet is read at a later
+    call (its writer records it next); every task's keys are read one by one only when it stays unrecorded for
+    UNRECORDED_PATIENCE s (its writer died between the two calls): every task reading every task's keys at once
+    is N² calls."""
+
+    def __init__(self):
+        self._version = -1  # the version the sets below stand for
+        self._done: frozenset = frozenset()
+        self._stood_in: frozenset = frozenset()
+        self._unrecorded: Optional[Tuple[int, float]] = None  # a change counted and not recorded: its number, since
+
+    def read(self, rendezvous) -> Tuple[frozenset, frozenset]:
+        """(job, index) of the tasks done, and of those stood in for, in `rendezvous`' store."""
+        store = rendezvous.store
+        version = done_version(store)
+        if version == self._version:
+            return self._done, self._stood_in
+        start = max(self._version, 0)
+        found = changes(store, start, version)
+        upto = start + len(found)
+        if upto == version:
+            self._unrecorded = None
+        elif self._unrecorded is None or self._unrecorded[0] != upto + 1:
+            self._unrecorded = (upto + 1, time.monotonic())
+        elif time.monotonic() - self._unrecorded[1] >= UNRECORDED_PATIENCE:
+            self._unrecorded = None
+            tasks = rendezvous.cluster.tasks()
+            self._version = version
+            self._done, self._stood_in = (frozenset((t.job, t.task) for t in tasks if rendezvous.is_marked(kind, t.job, t.task))
+                                          for kind in ("done", "stood_in"))
+            return self._done, self._stood_in
+        sets = {"done": set(self._done), "stood_in": set(self._stood_in)}
+        for key, is_set in found:
+            kind, task = key.split("/", 1)
+            job, index = task.rsplit("/", 1)
+            if kind in sets:
+                (sets[kind].add if is_set else sets[kind].discard)((job, int(index)))
+        self._version, self._done, self._stood_in = upto, frozenset(sets["done"]), frozenset(sets["stood_in"])
+        return self._done, self._stood_in
 
 
 def _read(store: Store) -> str:

@@ -26,7 +26,6 @@ from towerflow.cluster.membership.rendezvous import BEAT_EVERY, POLL, Rendezvous
 from towerflow.devices.spec import DeviceSpec
 from towerflow.errors import ClusterLeftError, ClusterTimeoutError, PeerLost
 
-UNRECORDED_PATIENCE = 2.0  # s a counted change to the done set may stay unrecorded before its keys are read one by one
 ALIVE_BEATS = 3  # beats of a lost incarnation that show it lives on (`wait_for_restart(alive_ok=True)`)
 
 
@@ -49,9 +48,7 @@ class Membership:
         self.watch = _watch.Watch(lambda: self._store, DeviceSpec(job=rendezvous.job, replica=0, task=rendezvous.index),
                                   tasks, self.beats_of, self._silence_limit, beat_keys=self.beat_keys_of
                                   ) if len(tasks) > _watch.WATCHED_FROM else None
-        # (the done version read before the keys, the tasks done, the tasks another one stands in for)
-        self._marks: Tuple[int, frozenset, frozenset] = (-1, frozenset(), frozenset())
-        self._unrecorded: Optional[Tuple[int, float]] = None  # a change counted and not recorded: its number, since
+        self._marked = _ending.MarkedTasks()  # the tasks done and those stood in for, read as they change
         self._recorded = _failures.RecordedTasks()  # the tasks that recorded a failure, read as they come
 
     @property
@@ -248,44 +245,12 @@ class Membership:
         return [(self._store.add(rv.key("beat", t.job, t.task), 0), self.incarnation_of(t.job, t.task)) for t in tasks]
 
     def done_tasks(self) -> frozenset:
-        """(job, index) of every task that has said it is done (see `_marked`)."""
-        return self._marked()[0]
+        """(job, index) of every task that has said it is done (ending.MarkedTasks)."""
+        return self._marked.read(self.rendezvous)[0]
 
     def stood_in(self) -> frozenset:
-        """(job, index) of every task another task stands in for (`stand_in`; see `_marked`)."""
-        return self._marked()[1]
-
-    def _marked(self) -> Tuple[frozenset, frozenset]:
-        """The tasks done, and those stood in for: one store call while no done or stand-in key has changed since
-        the last read (ending.done_version counts changes to both), else three (the changes since, in one batch:
-        ending.changes). A change counted and not recorded yet is read at a later call (its writer records it
-        next); two calls per task only when it stays unrecorded for UNRECORDED_PATIENCE s (its writer died
-        between the two): every task reading every task's keys at once is N² calls."""
-        version, (last, done, stood_in) = _ending.done_version(self._store), self._marks
-        if version == last:
-            return done, stood_in
-        start = max(last, 0)
-        found = _ending.changes(self._store, start, version)
-        upto = start + len(found)
-        if upto < version:
-            if self._unrecorded is None or self._unrecorded[0] != upto + 1:
-                self._unrecorded = (upto + 1, time.monotonic())
-            if time.monotonic() - self._unrecorded[1] >= UNRECORDED_PATIENCE:
-                self._unrecorded = None
-                rv, tasks = self.rendezvous, self.cluster.tasks()
-                self._marks = (version, *(frozenset((t.job, t.task) for t in tasks if rv.is_marked(kind, t.job, t.task))
-                                          for kind in ("done", "stood_in")))
-                return self._marks[1], self._marks[2]
-        else:
-            self._unrecorded = None
-        sets = {"done": set(done), "stood_in": set(stood_in)}
-        for key, is_set in found:
-            kind, task = key.split("/", 1)
-            job, index = task.rsplit("/", 1)
-            if kind in sets:
-                (sets[kind].add if is_set else sets[kind].discard)((job, int(index)))
-        self._marks = (upto, frozenset(sets["done"]), frozenset(sets["stood_in"]))
-        return self._marks[1], self._marks[2]
+        """(job, index) of every task another task stands in for (`stand_in`; ending.MarkedTasks)."""
+        return self._marked.read(self.rendezvous)[1]
 
     def stood_in_by(self, job: str, index: int) -> Optional[str]:
         """The call name of the task that does task (job, index)'s work now (`stand_in`), or None."""
@@ -370,7 +335,7 @@ class Membership:
         waiting on other tasks, so that a dead one ends the wait instead of hanging it. Tasks of the
         jobs in `serving` (a worker waiting on the ps) are watched even once done; tasks another one stands in
         for (`stand_in`) are not."""
-        rv, (done, stood_in) = self.rendezvous, self._marked()
+        rv, (done, stood_in) = self.rendezvous, self._marked.read(self.rendezvous)
         running = [t for t in self.cluster.tasks() if (t.job, t.task) != (rv.job, rv.index) and (
                    t.job in serving or (t.job, t.task) not in done) and (t.job, t.task) not in stood_in]
         for failed in self.failures_of(running):
