@@ -50,8 +50,6 @@ def simulate(n: int, costs: JoinCosts, cores: float, shared: bool, store_steady:
     state[last], next_poll[last] = POST, np.inf  # the last task's meet, then its part of the join
     host_left[last], store_left[last] = costs.meet_cpu + costs.post_meet_cpu, costs.post_store
     slots_taken, up_keys, t = False, 0, 0.0
-    meeting = True  # the last task's slot is taken once its meet's CPU is done
-    meet_done_at = costs.meet_cpu
     while t < limit:
         due = (~polling) & (state != POST) & (state != UP) & (next_poll <= t)
         polling |= due
@@ -68,8 +66,8 @@ def simulate(n: int, costs: JoinCosts, cores: float, shared: bool, store_steady:
         host_left[on_host] = np.maximum(0.0, host_left[on_host] - host_rate * dt)
         store_left[on_store] = np.maximum(0.0, store_left[on_store] - store_rate * dt)
         t += dt
-        if meeting and costs.meet_cpu + costs.post_meet_cpu - host_left[last] >= meet_done_at:
-            meeting, slots_taken = False, True
+        if not slots_taken and host_left[last] <= costs.post_meet_cpu:  # the last task's meet is done: its slot taken
+            slots_taken = True
         finished = (host_left <= 0) & (store_left <= 0)
         # a poll's answer: the keys as they are now
         answered = finished & polling
@@ -81,8 +79,7 @@ def simulate(n: int, costs: JoinCosts, cores: float, shared: bool, store_steady:
         waiting_on = answered & (state != POST)
         next_poll[waiting_on] = t + POLL
         # a task's part of the join done: its up key is set, and it waits for all up (polling at once)
-        joined = finished & (state == POST) & ~polling & (host_left <= 0)
-        joined &= ~sees_slots
+        joined = (state == POST) & (host_left <= 0) & (store_left <= 0)
         if joined.any():
             up_keys += int(joined.sum())
             state[joined], next_poll[joined] = WAIT_UP, t
