@@ -17,9 +17,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections import namedtuple
@@ -29,7 +27,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from store_calibration import _HOST  # noqa: E402
+from store_calibration import hosted_store  # noqa: E402
 
 Task = namedtuple("Task", "job task")
 
@@ -92,21 +90,14 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     import torch  # noqa: F401  (the pollers are forked from a process that imported it, as the scaling runs' tasks)
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
-    host = subprocess.Popen([sys.executable, "-c", _HOST], env=env, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
     rows = []
-    try:
-        port = int(host.stdout.readline())
+    with hosted_store() as (port, _server):
         for k in args.tasks:
             row = calibrate(port, k, args.seconds)
             rows.append(row)
             print(f"{k} tasks polling: {row['poll_cpu_us_med']:.0f} µs of CPU a poll (median task), "
                   f"{row['polls_s']:,.0f} polls/s, polls {1e3 * row['late_med_s']:.1f} ms late, "
                   f"machine busy {row['machine_busy_pct']:.0f}%", flush=True)
-    finally:
-        os.killpg(host.pid, signal.SIGKILL)
-        host.wait(10)
     meta = {"machine": f"{os.cpu_count()} cores", "command": " ".join(sys.argv), "python": sys.version.split()[0],
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -20,6 +20,7 @@ rate and grouping, which the single-client figures bound but do not place.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import psutil
 
@@ -198,16 +199,25 @@ def under_load(port: int, server: psutil.Process, tasks: int, seconds: float, pr
 LOAD_TASKS = (64, 128, 256, 512, 1024, 2048)
 
 
-def tcpstore(seconds: float, load: bool = False, task_cpu: float = 0.0) -> dict:
+@contextlib.contextmanager
+def hosted_store() -> Iterator[Tuple[int, psutil.Process]]:
+    """A TCPStore hosted by a process of its own, as `towerflow launch` hosts it: (its port, its process), killed on
+    leaving."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     host = subprocess.Popen([sys.executable, "-c", _HOST], env=env, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        port = int(host.stdout.readline())
-        from towerflow.cluster.store import c10d
+        yield int(host.stdout.readline()), psutil.Process(host.pid)
+    finally:
+        os.killpg(host.pid, signal.SIGKILL)
+        host.wait(10)
 
+
+def tcpstore(seconds: float, load: bool = False, task_cpu: float = 0.0) -> dict:
+    from towerflow.cluster.store import c10d
+
+    with hosted_store() as (port, server):
         client = c10d.connect_store("127.0.0.1", port, 60)
-        server = psutil.Process(host.pid)
         out = calibrate(client, server, seconds)
         if load:
             out["under_load"] = []
@@ -218,9 +228,6 @@ def tcpstore(seconds: float, load: bool = False, task_cpu: float = 0.0) -> dict:
                       f"({row['server_cpu_us_per_call']:.1f} µs a call), machine busy {row['machine_busy_pct']:.0f}%",
                       flush=True)
         return out
-    finally:
-        os.killpg(host.pid, signal.SIGKILL)
-        host.wait(10)
 
 
 def etcd(seconds: float) -> dict:
