@@ -138,13 +138,14 @@ class Membership:
                 if stand_in is not None and gone is None:
                     deadline = now + limit  # its work goes on elsewhere: waited for as long as that task lives
                 elif stand_in is not None:
+                    its_name = task_name(*task_of(stand_in))
                     raise ClusterTimeoutError(
                         f"{self.name} lost {name} ({cause}) and waited {now - started:.1f} s for it to come back, but "
-                        f"{task_name(*task_of(stand_in))}, which stood in for it as {stand_in}, is gone too ({gone}): no "
+                        f"{its_name}, which stood in for it as {stand_in}, is gone too ({gone}): no "
                         f"task does {name}'s work now. Is the launcher of its host still running? Else restart the job from "
                         "its newest checkpoint, with a higher --max-restarts if the restarts ran out.",
                         task=self.name,
-                        missing=[name, task_name(*task_of(stand_in))],
+                        missing=[name, its_name],
                     )
             if now > deadline:
                 raise ClusterTimeoutError(
