@@ -33,6 +33,21 @@ class JoinCosts:
     post_store: float  # the store's CPU for a task's calls from its meet to up
 
 
+def fair_share(need: np.ndarray, capacity: float, cap: float) -> np.ndarray:
+    """What each job gets of `capacity` in one step: an equal share, at most `cap` (one core) and at most what it still
+    needs, with what a job finishing early leaves going to the others (max-min fairness). Charging every job a full
+    step's share instead kept the store busy for a whole step for a call of a tenth of it, and took those cores from
+    the tasks: at 64 tasks that alone made the join 11% slower than with a step ten times shorter."""
+    if need.size == 0 or capacity <= 0.0:
+        return np.zeros_like(need)
+    ordered = np.sort(need)
+    served = np.cumsum(ordered)  # the first j+1 jobs served in full ...
+    at_level = served + ordered * np.arange(need.size - 1, -1, -1)  # ... and the rest given as much as the (j+1)th
+    j = int(np.searchsorted(at_level, capacity))
+    level = ordered[-1] if j == need.size else (capacity - (served[j - 1] if j else 0.0)) / (need.size - j)
+    return np.minimum(need, min(level, cap))
+
+
 def simulate(n: int, costs: JoinCosts, cores: float, shared: bool, store_steady: float = 0.0, dt: float = 0.001,
              limit: float = 600.0, seed: int = 0) -> float:
     """Seconds from the last task's start until every task is up. `cores`: the host's cores, shared by the `n`
@@ -57,14 +72,10 @@ def simulate(n: int, costs: JoinCosts, cores: float, shared: bool, store_steady:
         store_left[due] += costs.poll_store
         on_host = host_left > 0
         on_store = (~on_host) & (store_left > 0)
-        store_work = float(on_store.sum())
-        store_rate = min(1.0, max(0.0, 1.0 - store_steady) / store_work) if store_work else 0.0
-        store_busy = store_rate * store_work + store_steady
-        free = cores - (store_busy if shared else 0.0) - costs.task_cpu * up_keys
-        runnable = float(on_host.sum())
-        host_rate = min(1.0, max(0.0, free) / runnable) if runnable else 0.0
-        host_left[on_host] = np.maximum(0.0, host_left[on_host] - host_rate * dt)
-        store_left[on_store] = np.maximum(0.0, store_left[on_store] - store_rate * dt)
+        store_done = fair_share(store_left[on_store], max(0.0, 1.0 - store_steady) * dt, cap=dt)
+        store_left[on_store] -= store_done
+        free = cores - ((store_done.sum() / dt + store_steady) if shared else 0.0) - costs.task_cpu * up_keys
+        host_left[on_host] -= fair_share(host_left[on_host], max(0.0, free) * dt, cap=dt)
         t += dt
         if not slots_taken and host_left[last] <= costs.post_meet_cpu:  # the last task's meet is done: its slot taken
             slots_taken = True

@@ -112,6 +112,12 @@ def summarize(r: dict) -> Dict[str, float]:
         # its meet's CPU: connecting, claiming its slot, and polling until every slot is taken
         "meet_cpu_ms": 1000 * _med(u["cpu_met"] - u["cpu_imported"] for u in ups) if all("cpu_imported" in u for u in ups)
         else float("nan"),
+        # the same two without their waits' polls (what the join simulation adds by itself): the meet until its slot
+        # is claimed, and the part of the join from every slot taken until its up key is set
+        "meet_work_cpu_ms": 1000 * _med(u["cpu_claimed"] - u["cpu_imported"] for u in ups)
+        if all("cpu_claimed" in u for u in ups) else float("nan"),
+        "post_meet_work_cpu_ms": 1000 * _med(u["cpu_joined"] - u["cpu_met"] for u in ups)
+        if all("cpu_joined" in u for u in ups) else float("nan"),
         "store_ops_s": sum(calls_ok) * n / max(1, len(calls_ok)) + sum(beats),
         "ps_ops_s": calls[0] if ps and ps[0]["rank"] == 0 and calls else float("nan"),
         "worker_ops_s": _med(_rate(e, "steady", "fanin") for e in workers),

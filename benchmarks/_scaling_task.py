@@ -119,6 +119,7 @@ def run_task(cfg: dict, rank: int) -> None:
     timings: dict = {}
     server = Server(cfg["cluster"], job, index, start=False)
     _timed(server.rendezvous, "meet", timings)
+    _timed(server.rendezvous, "claim_slot", timings)  # the meet's own work ends here; then it waits for all slots
     joins = "join_calls" if hasattr(server.membership, "join_calls") else "join_rpc"  # this tree's, or an older one's
     _timed(server.membership, joins, timings)
     ctrl = _control(cfg)
@@ -130,7 +131,8 @@ def run_task(cfg: dict, rank: int) -> None:
     _timed(server.membership, "check_peers", timings)
     ctrl.set(f"bench/up/{rank}", json.dumps({
         "pid": os.getpid(), "start": t_start, "imported": t_imported, "up": t_up, "cpu_up": _cpu(),
-        "cpu_imported": cpu_imported, "meet_s": timings["meet"][0], "join_rpc_s": timings[joins][0], "cpu_met": timings["meet_cpu_end"][0]}))
+        "cpu_imported": cpu_imported, "meet_s": timings["meet"][0], "join_rpc_s": timings[joins][0], "cpu_met": timings["meet_cpu_end"][0],
+        "cpu_claimed": timings["claim_slot_cpu_end"][0], "cpu_joined": timings[f"{joins}_cpu_end"][0]}))
     marks: dict = {}  # phase -> (time, store calls so far, cpu seconds)
     by_method: dict = {}  # phase -> {method: [calls, keys]} so far
     sites: dict = {}  # phase -> {"method < caller < ...": calls} so far

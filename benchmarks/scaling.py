@@ -296,7 +296,13 @@ def main(argv=None) -> None:
         tasks = sorted(args.tasks)
         if tasks[0] > PILOT:  # memory per task is measured on a small cluster before a large one is started
             tasks.insert(0, PILOT)
-        for n in tasks:
+        # the repeats go round the sizes, so that a drift in the machine's speed (minutes long on a shared host)
+        # falls on every size alike, a calibration size included
+        order = [(rep, n) for rep in range(args.repeats) for n in tasks
+                 if rep == 0 or n != PILOT or n in args.tasks]
+        for rep, n in order:
+            if any(m.startswith(f"refused {n} tasks") for m in refused):
+                continue
             need = n * _estimate_mb(runs, args.spawn) * 1.3 + 512
             avail = psutil.virtual_memory().available / MB
             if need > avail:
@@ -305,25 +311,24 @@ def main(argv=None) -> None:
                 print(msg, flush=True)
                 refused.append(msg)
                 continue
-            for rep in range(1 if n == PILOT and n not in args.tasks else args.repeats):
-                for (name, src), watch in [(s, w) for s in srcs.items() for w in args.watch]:
-                    name = name if watch == "auto" else f"{name}/{watch}"
-                    where = Path(tmp) / f"{name.replace('/', '-')}-{n}-{rep}"
-                    where.mkdir()
-                    try:
-                        r = one_run(n, src, args, where, watch)
-                    except Exception as e:  # noqa: BLE001  (recorded with the tasks' last words; the next run goes on)
-                        err = (where / "tasks.err").read_text(errors="replace") if (where / "tasks.err").exists() else ""
-                        err = "\n".join(line for line in err.splitlines() if "waiting for" not in line)[-3000:]
-                        failed.append({"variant": name, "tasks": n, "repeat": rep, "error": f"{type(e).__name__}: {e}",
-                                       "tasks_stderr": err, "load": os.getloadavg()})
-                        print(f"{name} N={n} repeat {rep} FAILED: {e}\n{err}", flush=True)
-                        continue
-                    r.update(variant=name, repeat=rep)
-                    runs.append(r)
-                    s = summarize(r)
-                    print(f"{name} N={n} repeat {rep}: " + ", ".join(f"{k} {v}" for k, v in s.items()), flush=True)
-                    print_methods(r)
+            for (name, src), watch in [(s, w) for s in srcs.items() for w in args.watch]:
+                name = name if watch == "auto" else f"{name}/{watch}"
+                where = Path(tmp) / f"{name.replace('/', '-')}-{n}-{rep}"
+                where.mkdir()
+                try:
+                    r = one_run(n, src, args, where, watch)
+                except Exception as e:  # noqa: BLE001  (recorded with the tasks' last words; the next run goes on)
+                    err = (where / "tasks.err").read_text(errors="replace") if (where / "tasks.err").exists() else ""
+                    err = "\n".join(line for line in err.splitlines() if "waiting for" not in line)[-3000:]
+                    failed.append({"variant": name, "tasks": n, "repeat": rep, "error": f"{type(e).__name__}: {e}",
+                                   "tasks_stderr": err, "load": os.getloadavg()})
+                    print(f"{name} N={n} repeat {rep} FAILED: {e}\n{err}", flush=True)
+                    continue
+                r.update(variant=name, repeat=rep)
+                runs.append(r)
+                s = summarize(r)
+                print(f"{name} N={n} repeat {rep}: " + ", ".join(f"{k} {v}" for k, v in s.items()), flush=True)
+                print_methods(r)
     rows = print_table(runs)
     meta = {"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total / (1 << 30):.0f} GiB",
             "command": " ".join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -7,9 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import _scaling_model as model  # noqa: E402
-from _scaling_join import JoinCosts, simulate  # noqa: E402
+from _scaling_join import JoinCosts, fair_share, simulate  # noqa: E402
 
 COSTS = model.StoreCosts({"get": 27.0, "add": 11.0, "set": 11.0, "check": 11.0, "multi_get": 15.0},
                          {"check": 0.2, "multi_get": 0.5}, round_trip=35.0)
@@ -95,3 +97,20 @@ def test_the_join_on_shared_cores_is_its_cpu_and_grows_with_each_tasks_work():
 
 def test_a_store_already_saturated_never_answers_the_join():
     assert simulate(64, _join_costs(), cores=64, shared=False, store_steady=1.0) == float("inf")
+
+
+def test_a_step_shares_its_capacity_fairly_and_what_a_short_job_leaves_goes_to_the_others():
+    need = np.array([0.1e-3, 5e-3, 5e-3, 0.2e-3])
+    got = fair_share(need, capacity=2e-3, cap=1e-3)
+    assert np.allclose(got, [0.1e-3, 0.85e-3, 0.85e-3, 0.2e-3])  # 2 ms of capacity used in full
+    assert np.allclose(fair_share(need, capacity=20e-3, cap=1e-3), [0.1e-3, 1e-3, 1e-3, 0.2e-3])  # one core at most
+
+
+def test_the_simulated_join_does_not_depend_on_the_step():
+    """Store calls far shorter than a step used to hold the store (and the cores it shares with the tasks) for a whole
+    step each."""
+    costs = JoinCosts(meet_cpu=0.007, post_meet_cpu=0.0085, poll_cpu=165e-6, task_cpu=0.001, poll_store=23e-6,
+                      post_store=114e-6)
+    coarse = simulate(64, costs, cores=2.0, shared=True, store_steady=0.014, dt=1e-3)
+    fine = simulate(64, costs, cores=2.0, shared=True, store_steady=0.014, dt=1e-4)
+    assert abs(coarse - fine) < 0.03 * fine
