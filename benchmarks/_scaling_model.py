@@ -244,15 +244,13 @@ def join_after_last_start(n: int, latency: float, round_trips: int = JOIN_ROUND_
 
 def join_poll_load(n: int, missing: int, window: int = CHECK_WINDOW) -> Load:
     """The store work of the N - `missing` tasks already waiting for all while `missing` keys are unset
-    (rendezvous.unmarked): a check of the first `window` missing keys (None: all of them), then one-key checks up
-    to the first unset, ten times a second each. Largest at missing = N/2."""
+    (rendezvous.unmarked): one check of the first `window` missing keys (None: all of them) ten times a second
+    each. Largest at missing = N/2."""
     load: Load = {}
     waiting = n - missing
     if missing <= 0 or waiting <= 0:
         return load
     _plus(load, "check", waiting / POLL, missing if window is None else min(missing, window))
-    # the walk stops at the first unset key: in random arrival order, N / missing keys in
-    _plus(load, "check", waiting / POLL * n / missing, 1)
     return load
 
 

@@ -5,8 +5,8 @@ once: the figure benchmarks/_scaling_model.py's join on a shared host runs on.
 
 A TCPStore is hosted by a process of its own, as `towerflow launch` hosts it; K processes forked from one that
 imported torch (as benchmarks/scaling.py starts its tasks) each connect to it and poll ten times a second with the
-rendezvous' own `unmarked` (a window of the K tasks' keys, none of them set, then the first one alone: a poll
-while tasks are still missing) for `--seconds`. Each reports its CPU per poll (all its threads) and how late its
+rendezvous' own `unmarked` (one call about a window of the K tasks' keys, none of them set: a poll while
+tasks are still missing) for `--seconds`. Each reports its CPU per poll (all its threads) and how late its
 polls came (a poll due every 0.1 s that waits for a core comes late). Past a few dozen processes on two cores a
 poll costs more than alone: the processes' caches and the scheduler's switches are shared.
 """

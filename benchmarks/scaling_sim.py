@@ -105,12 +105,12 @@ def _poll_cpu_at(points: list, k: int) -> float:
 
 def join_costs(n: int, host: dict, costs: model.StoreCosts, processes: int) -> JoinCosts:
     """The join's costs for `n` tasks with `processes` of them on each host (the poll's CPU as calibrated with as
-    many polling), the store's from its calibration: a poll asks a window of the missing keys and then one key."""
+    many polling), the store's from its calibration: a poll is one call about a window of the missing keys."""
     window = min(n, model.CHECK_WINDOW)
     check = costs.cpu_call["check"], costs.cpu_key["check"]
     return JoinCosts(meet_cpu=host["meet_cpu"], post_meet_cpu=host["post_meet_cpu"],
                      poll_cpu=_poll_cpu_at(host["poll_cpu"], processes), task_cpu=host["task_cpu"],
-                     poll_store=1e-6 * (2 * check[0] + check[1] * (window + 1)),
+                     poll_store=1e-6 * (check[0] + check[1] * window),
                      post_store=1e-6 * model.JOIN_ROUND_TRIPS * costs.cpu_call["add"])
 
 

@@ -303,20 +303,20 @@ class Rendezvous:
     def unmarked(self, kind: str, tasks, all_of_them: bool = False) -> list:
         """The tasks (of `tasks`, in order) whose `kind` key is not set yet, asked in windows: the first
         CHECK_WINDOW keys in one call, and while every key of a window is set the next, twice as long (a poll
-        when all are set costs a few calls). In the first window with an unset key, one call per key up to it;
-        unless `all_of_them`, the rest are assumed unset (asked again next time). Every task waiting polls ten
-        times a second: asking each time about every key still missing made the store read N²/4 keys per poll
-        round while a large cluster joined, and one call per key made joining 128 tasks take minutes."""
+        when all are set costs a few calls). The first window with an unset key ends the poll: it and the rest
+        are returned, to be asked again next time, so a waiting task's poll is one call; only `all_of_them` (to
+        name the missing) asks their keys one by one. Every task waiting polls ten times a second: asking each
+        time about every key still missing made the store read N²/4 keys per poll round while a large cluster
+        joined, and walking a window key by key up to its first unset one cost a call for each key set since
+        the last poll (tasks come up in any order)."""
         start, size = 0, CHECK_WINDOW
         while start < len(tasks):
             window = tasks[start:start + size]
             if not self.store.check([self.key(kind, t.job, t.task) for t in window]):
-                for i, t in enumerate(window, start):
-                    if not self.is_marked(kind, t.job, t.task):
-                        if all_of_them:
-                            return [t] + [u for u in tasks[i + 1:] if not self.is_marked(kind, u.job, u.task)]
-                        return list(tasks[i:])
-            start, size = start + len(window), 2 * size  # all set (or set between the two reads)
+                if all_of_them:
+                    return [t for t in tasks[start:] if not self.is_marked(kind, t.job, t.task)]
+                return list(tasks[start:])
+            start, size = start + len(window), 2 * size
         return []
 
     def wait_for_others(self, kind: str, seconds: float, absent: Collection[Tuple[str, int]] = ()) -> None:
