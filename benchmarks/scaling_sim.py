@@ -6,8 +6,9 @@ docs/scaling.md reads it.
         [--polls POLLS.json] [--out FILE]
 
 Its inputs are calibrations, none of them the runs it is checked on: the store's costs (store_calibration.py
---load), a waiting poll's CPU (poll_calibration.py) and a task's own CPU (a scaling.py run at a size where no task
-waits for a core). Checked against: the store calls per second (client-counted calls plus the beats), the keys
+--load), a waiting poll's CPU (poll_calibration.py) and a task's own CPU (a size of the judged scaling.py invocation
+where no task waits for a core: its repeats go round with the judged sizes', so that a drift in the machine's speed
+falls on both, and it is never judged itself). Checked against: the store calls per second (client-counted calls plus the beats), the keys
 per second, the store host's CPU, the detection times and the join after the last start of
 benchmarks/results/scaling*.json; each row gives model / measured and the error, and JUDGED's runs are compared
 by the median of each size's repeats.
@@ -21,6 +22,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _scaling_model as model  # noqa: E402
@@ -59,22 +61,27 @@ MEASURED = [
     ("scaling_window_512_2026-12-05.json", "before", None, True, 3.0, True),
     ("scaling_window_512_2026-12-05.json", "after", None, True, 3.0, True),
     ("scaling_hosts_named_2026-12-05.json", "new", None, True, 3.0, True),
+    ("scaling_interleaved_2026-12-05.json", "new", None, True, 10.0, True),
+    ("scaling_one_call_polls_2026-12-05.json", "before", None, True, 10.0, True),
+    ("scaling_one_call_polls_2026-12-05.json", "after", None, True, 10.0, True),
 ]
 
 
 WINDOWED = {("scaling_window_2026-12-05.json", "after"), ("scaling_window_512_2026-12-05.json", "after"),
-            ("scaling_hosts_named_2026-12-05.json", "new")}
+            ("scaling_hosts_named_2026-12-05.json", "new"), ("scaling_interleaved_2026-12-05.json", "new"),
+            ("scaling_one_call_polls_2026-12-05.json", "before"), ("scaling_one_call_polls_2026-12-05.json", "after")}
 
 
 def _err(model_value: float, measured: float) -> float:
     return 100.0 * (model_value - measured) / measured if measured else float("nan")
 
 
-def host_calibration(run_path: Path, polls_path: Path) -> dict:
+def host_calibration(run_path: Path, polls_path: Path, variant: str) -> dict:
     """What one task spends of a core, from the runs of the smallest size in a scaling JSON that uses the group watch
     as the judged sizes do (a size where none waits for a core; medians over the runs of each one's median task),
     and a waiting poll's CPU by how many processes poll at once (poll_calibration.py)."""
-    runs = [r for r in json.loads(run_path.read_text())["runs"] if model.uses_group_watch(r["tasks"])]
+    runs = [r for r in json.loads(run_path.read_text())["runs"]
+            if model.uses_group_watch(r["tasks"]) and r.get("variant") == variant]
     smallest = [r for r in runs if r["tasks"] == min(r["tasks"] for r in runs)]
     polls = json.loads(polls_path.read_text())["rows"]
 
@@ -170,16 +177,17 @@ def check(costs: model.StoreCosts, timeout: float = 5.0, host: dict = None, core
 
 
 # the runs the model is judged on: the current code, the name resolver answering (every join without its timeouts)
-JUDGED = "scaling_hosts_named_2026-12-05.json:new"
+JUDGED_FILE, JUDGED_VARIANT = "scaling_one_call_polls_2026-12-05.json", "after"
+JUDGED = f"{JUDGED_FILE}:{JUDGED_VARIANT}"
 COMPARED = (("calls", "store calls/s"), ("keys", "keys/s"), ("cpu", "store CPU %"), ("detect_med", "detect med s"),
             ("join", "join after last start s"))
 
 
-def by_size(checked: list, run: str = JUDGED) -> list:
-    """The model against the median of a run's repeats at each size: {tasks, repeats, <what>_model,
-    <what>_measured, <what>_err_pct} for each of COMPARED."""
+def by_size(checked: list, run: str = JUDGED, calibrated_at: Optional[int] = None) -> list:
+    """The model against the median of a run's repeats at each size but the one its host calibration came from
+    (`calibrated_at`): {tasks, repeats, <what>_model, <what>_measured, <what>_err_pct} for each of COMPARED."""
     out = []
-    for n in sorted({c["tasks"] for c in checked if c["run"] == run}):
+    for n in sorted({c["tasks"] for c in checked if c["run"] == run} - {calibrated_at}):
         rows = [c for c in checked if c["run"] == run and c["tasks"] == n]
         row = {"tasks": n, "repeats": len(rows)}
         for what, _ in COMPARED:
@@ -210,14 +218,15 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calibration", default=str(RESULTS / "store_calibration_load_2026-12-05.json"),
                     help="store_calibration.py --load on a quiet machine: the store on a host of its own")
-    ap.add_argument("--calibration-shared", default=str(RESULTS / "store_calibration_load_busy_2026-12-05.json"),
+    ap.add_argument("--calibration-shared", default=str(RESULTS / "store_calibration_load_busy_one_call_2026-12-05.json"),
                     help="store_calibration.py --load --task-cpu-pct P: the store sharing its machine with the tasks, "
                          "as in the measured runs (P: the host calibration's task_cpu_steady_pct)")
-    ap.add_argument("--out", default=str(RESULTS / "scaling_sim_2026-12-05.json"))
+    ap.add_argument("--out", default=str(RESULTS / "scaling_sim_one_call_polls_2026-12-05.json"))
     ap.add_argument("--ps-per", type=int, default=100, help="one ps task per this many tasks at 1,000 and 10,000")
-    ap.add_argument("--host", default=str(RESULTS / "scaling_host_calibration_hosts_named_2026-12-05.json"),
-                    help="a benchmarks/scaling.py run at a size where no task waits for a core: what a task spends")
-    ap.add_argument("--polls", default=str(RESULTS / "poll_calibration_2026-12-05.json"),
+    ap.add_argument("--host", default=str(RESULTS / JUDGED_FILE),
+                    help="a benchmarks/scaling.py run whose smallest size using the group watch says what a task "
+                         "spends (not judged): by default the judged runs' own, their repeats interleaved with it")
+    ap.add_argument("--polls", default=str(RESULTS / "poll_calibration_one_call_2026-12-05.json"),
                     help="benchmarks/poll_calibration.py's JSON: a waiting poll's CPU by how many poll at once")
     ap.add_argument("--cores", type=float, default=2.0, help="the cores the measured runs' tasks shared")
     args = ap.parse_args(argv)
@@ -225,7 +234,7 @@ def main(argv=None) -> None:
     stores = {"tcpstore": model.StoreCosts.from_calibration(cal["tcpstore"])}
     if "etcd" in cal:
         stores["etcd"] = model.StoreCosts.from_calibration(cal["etcd"])
-    host = host_calibration(Path(args.host), Path(args.polls)) if Path(args.host).exists() else None
+    host = host_calibration(Path(args.host), Path(args.polls), JUDGED_VARIANT) if Path(args.host).exists() else None
     shared = (model.StoreCosts.from_calibration(json.loads(Path(args.calibration_shared).read_text())["tcpstore"])
               if Path(args.calibration_shared).exists() else None)
     checked = check(stores["tcpstore"], host=host, cores=args.cores, shared=shared)
@@ -240,7 +249,7 @@ def main(argv=None) -> None:
               f"{c['cpu_pct_measured']} ({c['cpu_loaded_err_pct']:+.0f}%; {c['cpu_pct_model'][0]}–{c['cpu_pct_model'][1]}) | "
               f"{c['detect_med_model']} / {c['detect_med_measured']} "
               f"({c['detect_med_err_pct']:+.0f}%) | {c['join_model']} / {c['join_measured']} ({c['join_err_pct']:+.0f}%) |")
-    judged = by_size(checked)
+    judged = by_size(checked, calibrated_at=host["tasks"] if host else None)
     print(f"\nThe model against the median of each size's runs ({JUDGED}):\n")
     print("| N | runs | " + " | ".join(f"{label} model / measured (err)" for _, label in COMPARED) + " |")
     print("| --- | --- |" + " --- |" * len(COMPARED))
