@@ -36,8 +36,8 @@ class JoinCosts:
 def fair_share(need: np.ndarray, capacity: float, cap: float) -> np.ndarray:
     """What each job gets of `capacity` in one step: an equal share, at most `cap` (one core) and at most what it still
     needs, with what a job finishing early leaves going to the others (max-min fairness). Charging every job a full
-    step's share instead kept the store busy for a whole step for a call of a tenth of it, and took those cores from
-    the tasks: at 64 tasks that alone made the join 11% slower than with a step ten times shorter."""
+    step's share instead would keep the store busy for a whole step for a call of a tenth of it, and take those
+    cores from the tasks (at 64 tasks, a join 11% slower than with a step ten times shorter)."""
     if need.size == 0 or capacity <= 0.0:
         return np.zeros_like(need)
     ordered = np.sort(need)

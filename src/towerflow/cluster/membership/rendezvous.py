@@ -306,9 +306,9 @@ class Rendezvous:
         when all are set costs a few calls). The first window with an unset key ends the poll: it and the rest
         are returned, to be asked again next time, so a waiting task's poll is one call; only `all_of_them` (to
         name the missing) asks their keys one by one. Every task waiting polls ten times a second: asking each
-        time about every key still missing made the store read N²/4 keys per poll round while a large cluster
-        joined, and walking a window key by key up to its first unset one cost a call for each key set since
-        the last poll (tasks come up in any order)."""
+        time about every key still missing would make the store read N²/4 keys per poll round while a large
+        cluster joins, and walking a window key by key up to its first unset one would cost a call for each key
+        set since the last poll (tasks come up in any order)."""
         start, size = 0, CHECK_WINDOW
         while start < len(tasks):
             window = tasks[start:start + size]
