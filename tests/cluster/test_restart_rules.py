@@ -187,7 +187,7 @@ def test_a_lost_task_is_waited_for_past_the_timeout_while_the_task_standing_in_f
 
 @pytest.mark.timeout(10)  # the hang it guards against fails instead
 @pytest.mark.parametrize("stand_in_gone, why", [
-    ("silent", r"no heartbeat for \d"),
+    ("silent", r"fewer than 3 heartbeats in 0.2 s"),
     ("restarted", "it was restarted as ps:1:r1"),
     ("failed", "failed: RuntimeError: out of memory"),
 ])
@@ -215,3 +215,18 @@ def test_a_lost_task_whose_stand_in_is_gone_too_ends_the_wait_naming_both(monkey
     assert re.search(why, message)
     assert "newest checkpoint" in message and "--max-restarts" in message
     assert raised.value.missing == ("/job:ps/task:0", "/job:ps/task:1")
+
+
+@pytest.mark.timeout(10)
+def test_a_stand_in_killed_right_after_a_beat_is_told_gone_at_the_first_look(monkeypatch):
+    """Its last beats fall between the wait's start and its first look: the look itself waits for it to beat on
+    rather than comparing with a count read a whole timeout before, which took a second timeout."""
+    from towerflow.errors import ClusterTimeoutError
+
+    s = _waiting_for_ps0_stood_in_by_ps1(monkeypatch)
+    s.membership.join_timeout = 1.0  # the first look 1.2 s after the wait begins
+    _beating(s.rendezvous.store, "beat/ps/1", times=20)  # beats for 1 s, then is killed
+    start = time.monotonic()
+    with pytest.raises(ClusterTimeoutError, match="/job:ps/task:1, which stood in for it as ps:1, is gone too"):
+        s.wait_for_restart("ps", 0, "ps:0", "killed")
+    assert time.monotonic() - start < 2.0  # the first look (1.2 s) and the heartbeat timeout, not a second look (2.4 s)

@@ -110,9 +110,6 @@ class Membership:
         started = time.monotonic()
         deadline = started + limit
         beats = beats_before if beats_before is not None else self.beat_count(job, index) if alive_ok else 0
-        stand_in_beats: Dict[str, Tuple[int, float]] = {}
-        if timeout is None and self._store is not None:  # its stand-in's beats from now on tell whether it lives
-            self._stand_in_gone(job, index, stand_in_beats)
         while True:
             if self._store is None:  # a thread of this task still waits as it leaves (a ps's watch for its backup)
                 raise ClusterLeftError(f"{self.name} has left the cluster: it waits for {name} no more")
@@ -134,7 +131,7 @@ class Membership:
                 )
             now = time.monotonic()
             if now > deadline and timeout is None:
-                stand_in, gone = self._stand_in_gone(job, index, stand_in_beats)
+                stand_in, gone = self._stand_in_gone(job, index)
                 if stand_in is not None and gone is None:
                     deadline = now + limit  # its work goes on elsewhere: waited for as long as that task lives
                 elif stand_in is not None:
@@ -156,11 +153,12 @@ class Membership:
                 )
             time.sleep(POLL)
 
-    def _stand_in_gone(self, job: str, index: int, beats: Dict[str, Tuple[int, float]]) -> Tuple[Optional[str], Optional[str]]:
+    def _stand_in_gone(self, job: str, index: int) -> Tuple[Optional[str], Optional[str]]:
         """The call name of the task that stands in for task (job, index) (None: none does), and why it is gone too
-        (None while it lives): restarted since (a new incarnation serves nothing of the lost task's), failed, or silent
-        since the last look (`beats`: each stand-in's beat count and when it was read; a dead process beats at most
-        once more, so a later look tells). A few store calls, made once per wait timeout."""
+        (None while it lives): restarted since (a new incarnation serves nothing of the lost task's), failed, or not
+        beating on (`beats_on` within the heartbeat timeout: a process killed right after a beat beats no more, so
+        it is told at this look, not the next). Asked once per wait timeout; a stand-in that lives answers in a
+        few beats."""
         if (job, index) not in self.stood_in():
             return None, None
         stand_in = self.stood_in_by(job, index)
@@ -173,11 +171,8 @@ class Membership:
         failed = _failures.failure_of(self._store, its_job, its_index)
         if failed is not None:
             return stand_in, failed.summary
-        count, now = self.beat_count(its_job, its_index), time.monotonic()
-        last = beats.get(stand_in)
-        if last is not None and last[0] == count:
-            return stand_in, f"no heartbeat for {now - last[1]:.1f} s"
-        beats[stand_in] = (count, now)
+        if not self.beats_on(its_job, its_index, self.heartbeat_timeout):
+            return stand_in, f"fewer than {ALIVE_BEATS} heartbeats in {self.heartbeat_timeout:g} s"
         return stand_in, None
 
     def will_be_restarted(self, job: str, index: int) -> bool:
