@@ -18,7 +18,9 @@ Every task counts its store calls and the keys they name per method (get, multi_
 Server being up to the driver's steady mark (the rest of the join), and over the steady window; the run JSON
 keeps them per task (`store_by_task`) and summed (`store_by_method`).
 `--watch direct|group` forces the direct peer check or the group watch (watch.py) whatever the size.
-With `--src NAME=DIR` twice, the tasks run each source tree in turn (old and new code interleaved).
+With `--src NAME=DIR` twice, the tasks run each source tree in turn (old and new code interleaved). The repeats go
+round the sizes (every size once, then again), so that a size run first is not a calibration made at another
+speed of the machine than the sizes run after it.
 Every process is killed at the end (process groups); every wait has a deadline.
 """
 
