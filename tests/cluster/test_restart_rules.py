@@ -159,9 +159,12 @@ def test_a_silent_lost_incarnation_is_waited_for_and_one_restart_beat_is_not_lif
 
 def _waiting_for_ps0_stood_in_by_ps1(monkeypatch) -> Server:
     """A worker whose wait for a restart of ps:0 (which may be restarted) gives up after 0.3 s, while ps:1 serves
-    ps:0's part (a promoted backup stands in for it)."""
+    ps:0's part (a promoted backup stands in for it); tasks beat every 0.05 s."""
+    from towerflow.cluster.membership import membership
+
     monkeypatch.setenv("TOWERFLOW_RESTART_COUNT", "0")
     monkeypatch.setenv("TOWERFLOW_MAX_RESTARTS", "1")
+    monkeypatch.setattr(membership, "BEAT_EVERY", 0.05)  # as often as `_beating` beats
     s = Server({"ps": ["localhost:1", "localhost:2"], "worker": ["localhost:3"]}, "worker", 0, start=False)
     s.rendezvous.store, s.rendezvous.nonce = FakeStore(), "n"
     s.membership.heartbeat_timeout, s.membership.join_timeout = 0.2, 0.1
@@ -230,3 +233,11 @@ def test_a_stand_in_killed_right_after_a_beat_is_told_gone_at_the_first_look(mon
     with pytest.raises(ClusterTimeoutError, match="/job:ps/task:1, which stood in for it as ps:1, is gone too"):
         s.wait_for_restart("ps", 0, "ps:0", "killed")
     assert time.monotonic() - start < 2.0  # the first look (1.2 s) and the heartbeat timeout, not a second look (2.4 s)
+
+
+def test_a_stand_in_is_given_time_for_its_beats_however_short_the_heartbeat_timeout(monkeypatch):
+    """A heartbeat timeout shorter than the beats a look waits for must not make a live stand-in look gone."""
+    s = _waiting_for_ps0_stood_in_by_ps1(monkeypatch)
+    s.membership.heartbeat_timeout = 0.05  # one beat's time: three beats cannot fit in it
+    _beating(s.rendezvous.store, "beat/ps/1", times=40)
+    assert s.membership._stand_in_gone("ps", 0) == ("ps:1", None)

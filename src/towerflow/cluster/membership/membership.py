@@ -171,8 +171,9 @@ class Membership:
         failed = _failures.failure_of(self._store, its_job, its_index)
         if failed is not None:
             return stand_in, failed.summary
-        if not self.beats_on(its_job, its_index, self.heartbeat_timeout):
-            return stand_in, f"fewer than {ALIVE_BEATS} heartbeats in {self.heartbeat_timeout:g} s"
+        within = max(self.heartbeat_timeout, (ALIVE_BEATS + 1) * BEAT_EVERY)  # room for the beats, however short the timeout
+        if not self.beats_on(its_job, its_index, within):
+            return stand_in, f"fewer than {ALIVE_BEATS} heartbeats in {within:g} s"
         return stand_in, None
 
     def will_be_restarted(self, job: str, index: int) -> bool:
