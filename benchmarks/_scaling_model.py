@@ -29,6 +29,18 @@ Load = Dict[str, Tuple[float, float]]  # method -> (calls/s, keys/s)
 CALIBRATION_MIX: Load = {"add": (4.0, 4.0), "multi_get": (2.0, 6.0)}
 
 
+def log_interpolated(points, x: float) -> float:
+    """The figure at `x` of calibrated (x, figure) `points`: interpolated in log(x) between them, the nearest point's
+    figure outside them."""
+    points = sorted(points)
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return points[-1][1]
+
+
 @dataclass(frozen=True)
 class StoreCosts:
     """What the store spends per call and per key (server CPU µs), and a call's round trip seen by a client (µs)."""
@@ -57,16 +69,9 @@ class StoreCosts:
         interpolated in log(rate) between the calibrated rates; below them the slowest rate's figure, above them
         the fastest's (more calls share a wake-up as the rate grows, so past the calibration this is an upper
         bound, and `cpu` the lower)."""
-        points = sorted(self.under_load)
-        if not points or rate <= 0:
+        if not self.under_load or rate <= 0:
             return None
-        if rate <= points[0][0]:
-            return points[0][1]
-        for (r0, c0), (r1, c1) in zip(points, points[1:]):
-            if rate <= r1:
-                f = math.log(rate / r0) / math.log(r1 / r0)
-                return c0 + f * (c1 - c0)
-        return points[-1][1]
+        return log_interpolated(self.under_load, rate)
 
     def cpu_loaded(self, load: Load) -> Tuple[float, float]:
         """The store's CPU (s per s) for `load` at its rate of calls, as the calibration under load measured it:

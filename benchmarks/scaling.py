@@ -302,8 +302,9 @@ def main(argv=None) -> None:
         # falls on every size alike, a calibration size included
         order = [(rep, n) for rep in range(args.repeats) for n in tasks
                  if rep == 0 or n != PILOT or n in args.tasks]
+        refused_sizes = set()
         for rep, n in order:
-            if any(m.startswith(f"refused {n} tasks") for m in refused):
+            if n in refused_sizes:
                 continue
             need = n * _estimate_mb(runs, args.spawn) * 1.3 + 512
             avail = psutil.virtual_memory().available / MB
@@ -312,6 +313,7 @@ def main(argv=None) -> None:
                        f"per task measured, +30%) and {avail:.0f} MB are available; use --spawn fork or fewer --tasks")
                 print(msg, flush=True)
                 refused.append(msg)
+                refused_sizes.add(n)
                 continue
             for (name, src), watch in [(s, w) for s in srcs.items() for w in args.watch]:
                 name = name if watch == "auto" else f"{name}/{watch}"

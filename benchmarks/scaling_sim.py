@@ -89,7 +89,7 @@ def host_calibration(run_path: Path, polls_path: Path, variant: str) -> dict:
         return statistics.median(r[field] for r in smallest)
 
     def work(field: str, with_polls: str) -> float:  # without the waits' polls where the runs tell them apart
-        return med(field) if all(r.get(field, math.nan) == r.get(field, math.nan) for r in smallest) else med(with_polls)
+        return med(field) if all(not math.isnan(r.get(field, math.nan)) for r in smallest) else med(with_polls)
 
     return {"source": f"{run_path.name}: N={smallest[0]['tasks']} x {len(smallest)}; {polls_path.name}",
             "tasks": smallest[0]["tasks"], "task_cpu": med("task_cpu_steady_pct") / 100,
@@ -98,25 +98,13 @@ def host_calibration(run_path: Path, polls_path: Path, variant: str) -> dict:
             "poll_cpu": [(r["tasks"], 1e-6 * r["poll_cpu_us_med"]) for r in polls]}
 
 
-def _poll_cpu_at(points: list, k: int) -> float:
-    """A poll's CPU with `k` processes polling: interpolated in log(k) between the calibrated counts, the nearest
-    count's figure outside them."""
-    points = sorted(points)
-    if k <= points[0][0]:
-        return points[0][1]
-    for (k0, c0), (k1, c1) in zip(points, points[1:]):
-        if k <= k1:
-            return c0 + (c1 - c0) * math.log(k / k0) / math.log(k1 / k0)
-    return points[-1][1]
-
-
 def join_costs(n: int, host: dict, costs: model.StoreCosts, processes: int) -> JoinCosts:
     """The join's costs for `n` tasks with `processes` of them on each host (the poll's CPU as calibrated with as
     many polling), the store's from its calibration: a poll is one call about a window of the missing keys."""
     window = min(n, model.CHECK_WINDOW)
     check = costs.cpu_call["check"], costs.cpu_key["check"]
     return JoinCosts(meet_cpu=host["meet_cpu"], post_meet_cpu=host["post_meet_cpu"],
-                     poll_cpu=_poll_cpu_at(host["poll_cpu"], processes), task_cpu=host["task_cpu"],
+                     poll_cpu=model.log_interpolated(host["poll_cpu"], processes), task_cpu=host["task_cpu"],
                      poll_store=1e-6 * (check[0] + check[1] * window),
                      post_store=1e-6 * model.JOIN_ROUND_TRIPS * costs.cpu_call["add"])
 

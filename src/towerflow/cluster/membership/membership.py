@@ -159,8 +159,6 @@ class Membership:
         beating on (`beats_on` within the heartbeat timeout: a process killed right after a beat beats no more, so
         it is told at this look, not the next). Asked once per wait timeout; a stand-in that lives answers in a
         few beats."""
-        if (job, index) not in self.stood_in():
-            return None, None
         stand_in = self.stood_in_by(job, index)
         if stand_in is None:
             return None, None
